@@ -1,0 +1,41 @@
+# Everyday commands. `make fit` and `make test` are all a fresh machine needs: each creates .venv
+# and installs what it runs. Extra options go through ARGS, e.g.
+#   make fit ARGS="--trainer.strategy=ddp --model=configs/model/resnet50.yaml"
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ARGS ?=
+LOGDIR ?= lightning_logs
+
+.PHONY: fit test lint tensorboard clean
+
+# The stamp files re-run the install when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+fit: $(VENV)/.installed  ## train the default job (configs/default.yaml)
+	$(PY) -m project fit --config configs/default.yaml $(ARGS)
+
+test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included
+	$(PY) -m pytest $(ARGS)
+
+lint: $(VENV)/.installed-dev
+	$(PY) -m ruff check project tests
+	$(PY) -m ruff format --check project tests
+
+tensorboard: $(VENV)/.installed  ## serve the runs under LOGDIR on http://localhost:6006
+	$(PY) -m tensorboard.main --logdir $(LOGDIR)
+
+clean:  ## caches and build files; keeps .venv, data/ and lightning_logs/
+	rm -rf .pytest_cache .ruff_cache build *.egg-info
+	find . -name __pycache__ -type d -not -path './.venv*' -prune -exec rm -rf {} +
