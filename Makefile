@@ -7,8 +7,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 LOGDIR ?= lightning_logs
+# torch_xla pins an older torch than .venv has, so the XLA tests run in an environment of their own.
+VENV_XLA ?= .venv-xla
+PY_XLA := $(VENV_XLA)/bin/python
 
-.PHONY: fit test lint tensorboard clean
+.PHONY: fit test test-xla lint tensorboard clean
 
 # The stamp files re-run the install when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -28,6 +31,18 @@ fit: $(VENV)/.installed  ## train the default job (configs/default.yaml)
 
 test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included
 	$(PY) -m pytest $(ARGS)
+
+$(VENV_XLA)/.installed: pyproject.toml
+	test -x $(PY_XLA) || $(PYTHON) -m venv $(VENV_XLA)
+	$(PY_XLA) -m pip install --quiet --upgrade pip
+	$(PY_XLA) -m pip install --quiet -e '.[xla,dev]'
+	touch $@
+
+# PJRT_DEVICE=CPU: torch_xla's CPU device stands in for a TPU (the xla_cpu accelerator also sets it when
+# unset). REQUIRE_XLA turns the tests' "torch_xla is not installed" skip into a failure, so this target
+# cannot pass without running them.
+test-xla: $(VENV_XLA)/.installed  ## the XLA tests (fit + test on the XLA CPU device), in .venv-xla
+	PJRT_DEVICE=CPU REQUIRE_XLA=1 $(PY_XLA) -m pytest -m xla $(ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check project tests

@@ -11,6 +11,7 @@ standard augmentation at any ``image_size`` (the material upscales 32 px to 112 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import pickle
 import shutil
@@ -26,7 +27,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 from torchvision.transforms import v2
 
 from project.errors import DataError
@@ -186,6 +187,66 @@ class ImageArrayDataset(Dataset):
         return image, int(self.labels[index])
 
 
+class IndexBatches(Dataset):
+    """``dataset`` read a whole batch at a time: item ``[i, j, ...]`` is the collated batch of those
+    images, for a DataLoader whose sampler yields lists of indices (``batch_size=None``).
+
+    >>> images, labels = IndexBatches(ImageArrayDataset(np.zeros((3, 32, 32, 3), np.uint8), np.arange(3)))[[0, 2]]
+    >>> tuple(images.shape), labels.tolist()
+    ((2, 3, 32, 32), [0, 2])
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, indices: list[int]) -> Any:
+        return default_collate([self.dataset[i] for i in indices])
+
+
+class EvenBatchSampler(DistributedSampler):
+    """The evaluation batches of one of ``num_replicas`` processes, each a list of indices.
+
+    Every image is seen exactly once across the processes (process r takes images r, r + N, r + 2N,
+    ...), so metrics reduced across them equal a single-process evaluation. And every process gets
+    the SAME number of batches: under fsdp each forward pass is collective (the processes gather
+    each block's parameters together), so a process with one batch fewer would leave the others
+    waiting forever. Batches hold at most ``batch_size`` images; a process with fewer images than
+    another makes its last batches smaller. It is a DistributedSampler so that Lightning sees the
+    data split already and puts in no sampler of its own.
+
+    >>> [list(EvenBatchSampler(range(5), batch_size=2, num_replicas=2, rank=rank)) for rank in (0, 1)]
+    [[[0, 2], [4]], [[1], [3]]]
+    >>> [[len(batch) for batch in EvenBatchSampler(range(41), 10, num_replicas=2, rank=rank)] for rank in (0, 1)]
+    [[10, 10, 1], [10, 9, 1]]
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+        own = list(range(rank, len(dataset), num_replicas))
+        count = math.ceil(math.ceil(len(dataset) / num_replicas) / batch_size)  # the largest share's batches
+        if len(own) < count:
+            raise DataError(
+                f"{len(dataset)} evaluation images cannot give each of the {num_replicas} processes the same number "
+                f"of batches of at most {batch_size} (needed so no process waits for another); use a per-process "
+                "batch of 2 or more (data.batch_size >= 2 x processes) and at least one image per process"
+            )
+        self.batches: list[list[int]] = []
+        start = 0
+        for batches_left in range(count, 0, -1):
+            size = min(batch_size, len(own) - start - (batches_left - 1))  # leave an image for each batch to come
+            self.batches.append(own[start : start + size])
+            start += size
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
 def build_transform(image_size: int, train: bool) -> v2.Compose:
     """The standard CIFAR augmentation (random crop with 4 px padding, horizontal flip) applied at
     the native 32 px, then the resize to ``image_size`` and normalisation. Augmenting before the
@@ -333,32 +394,40 @@ class CIFAR10DataModule(LightningDataModule):
 
     # -- loaders -----------------------------------------------------------------------------
 
-    def _loader(self, split: str, train: bool = False) -> DataLoader:
+    def _loader(self, split: str, train: bool = False, predict: bool = False) -> DataLoader:
         dataset = self._datasets[split]
         world = self.world_size
         rank = self.trainer.global_rank if self.trainer is not None else 0
+        workers = self.num_workers
+        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        common = {"num_workers": workers, "pin_memory": on_cuda, "persistent_workers": workers > 0}
+        if world > 1 and not train and not predict:
+            # Every image exactly once across the ranks (the default sampler pads the last shard with
+            # repeats), so distributed val/test metrics equal a single-process evaluation; and as many
+            # batches on every rank, which fsdp needs (see EvenBatchSampler).
+            batches = EvenBatchSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank)
+            return DataLoader(IndexBatches(dataset), batch_size=None, sampler=batches, **common)
+        sampler = None
         if train:
             # Our own sampler even on one process: its order depends only on (seed, epoch), which
             # Lightning advances with set_epoch every epoch, so every rank sees a disjoint shard,
             # reshuffled each epoch, and a resumed run sees the same order as an unbroken one.
+            # drop_last: the few images that do not divide across the ranks sit this epoch out (as
+            # an incomplete last batch does) instead of being repeated on some rank.
             seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-            sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
+            sampler = DistributedSampler(
+                dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True
+            )
         elif world > 1:
-            # Every image exactly once across the ranks (the default sampler pads the last shard
-            # with repeats), so distributed val/test metrics equal a single-process evaluation.
+            # predict: every image once, in batches of batch_size, which Lightning can track the image
+            # indices of (it does so only for a loader that batches by itself).
             sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
-        else:
-            sampler = None
-        workers = self.num_workers
-        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         return DataLoader(
             dataset,
             batch_size=self.per_process_batch_size,
             sampler=sampler,
-            num_workers=workers,
-            pin_memory=on_cuda,
-            persistent_workers=workers > 0,
             drop_last=train,  # equal-sized training steps; evaluation sees every image
+            **common,
         )
 
     @property
@@ -379,4 +448,4 @@ class CIFAR10DataModule(LightningDataModule):
         return self._loader("test")
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader("test")
+        return self._loader("test", predict=True)

@@ -1,5 +1,10 @@
 """The LightningModule: image classification with a torchvision network, SGD with a warmed-up
-cosine schedule and cross-entropy, as in the material the template is built from."""
+cosine schedule and cross-entropy, as in the material the template is built from.
+
+The module is the same under every strategy; two hooks let the strategies in :mod:`project.strategies`
+reach into it: ``configure_model`` shards the network for ``fsdp``, and ``loss_in_network`` lets
+``dp_balanced`` compute the loss inside each DataParallel replica (see :class:`NetWithLoss`).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,10 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
+from torchvision.models import mobilenetv2, mobilenetv3, resnet, shufflenetv2
 
 from project.errors import ProjectError
 from project.nets import build_network
@@ -35,6 +42,45 @@ class WarmupCosine:
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+# The repeated blocks of torchvision's classifiers: FSDP makes each one a unit of its own, so only one
+# block's full parameters exist at a time on a rank while it computes.
+FSDP_BLOCKS = (
+    mobilenetv2.InvertedResidual,
+    mobilenetv3.InvertedResidual,
+    resnet.BasicBlock,
+    resnet.Bottleneck,
+    shufflenetv2.InvertedResidual,
+)
+
+
+class NetWithLoss(nn.Module):
+    """The network and the loss as one module. Called with labels, it returns the summed loss of its
+    images (shape ``(1,)``) and their predicted classes instead of the logits.
+
+    Wrapped in DataParallel (``dp_balanced``), every replica so computes the loss of its own share of
+    the batch, and only one number and one class index per image are gathered on the root device,
+    rather than every logit. Sums, not means, so replicas of unequal size add up exactly.
+
+    >>> net_with_loss = NetWithLoss(nn.Linear(4, 3), nn.CrossEntropyLoss())
+    >>> loss_sum, predictions = net_with_loss(torch.zeros(2, 4), torch.tensor([0, 1]))
+    >>> loss_sum.shape, predictions.shape, net_with_loss(torch.zeros(2, 4)).shape
+    (torch.Size([1]), torch.Size([2]), torch.Size([2, 3]))
+    """
+
+    def __init__(self, net: nn.Module, criterion: nn.Module) -> None:
+        super().__init__()
+        self.net, self.criterion = net, criterion
+
+    def forward(
+        self, images: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        logits = self.net(images)
+        if labels is None:  # evaluation: the logits, as the bare network gives them
+            return logits
+        loss_sum = self.criterion(logits, labels) * len(labels)
+        return loss_sum.reshape(1), logits.argmax(dim=1)
+
+
 class ImageClassifier(LightningModule):
     """Trains ``arch`` (any torchvision classification model) on ``num_classes`` classes.
 
@@ -49,6 +95,10 @@ class ImageClassifier(LightningModule):
         warmup_epochs: Length of the linear learning-rate warm-up, in (possibly fractional) epochs;
             the cosine annealing then runs over the rest of the run, stepped every iteration.
         channels_last: Keep activations in NHWC memory order, which convolutions run faster in.
+
+    Attributes:
+        loss_in_network: Set by the ``dp_balanced`` strategy while ``self.net`` is a DataParallel of a
+            :class:`NetWithLoss`, which then returns loss sums and predictions for a batch with labels.
     """
 
     def __init__(
@@ -76,17 +126,26 @@ class ImageClassifier(LightningModule):
         # Sample-weighted means, reduced across ranks by torchmetrics: exact whatever the shard sizes.
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
+        self.loss_in_network = False
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        if self.hparams.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        return self.net(images)
+        return self.net(self._memory_format(images))
+
+    def _memory_format(self, images: torch.Tensor) -> torch.Tensor:
+        return images.contiguous(memory_format=torch.channels_last) if self.hparams.channels_last else images
+
+    def training_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean loss of the batch and the predicted class of each image."""
+        if self.loss_in_network:  # dp_balanced: each replica returned the loss sum of its share
+            loss_sums, predictions = self.net(self._memory_format(images), labels)
+            return loss_sums.sum() / len(labels), predictions
+        logits = self(images)
+        return self.criterion(logits, labels), logits.argmax(dim=1)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch
-        logits = self(images)
-        loss = self.criterion(logits, labels)
-        self.train_acc.update(logits, labels)  # computed once per epoch, not every step
+        loss, predictions = self.training_loss(images, labels)
+        self.train_acc.update(predictions, labels)  # computed once per epoch, not every step
         self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
@@ -111,8 +170,28 @@ class ImageClassifier(LightningModule):
         """The predicted class index of every image in the batch."""
         return self(batch[0]).argmax(dim=1)
 
+    def configure_model(self) -> None:
+        """Shard the network under ``--trainer.strategy=fsdp`` (FSDP2 through ModelParallelStrategy, the
+        only strategy that gives the module a device mesh): every block of :data:`FSDP_BLOCKS`, then the
+        rest of the network as the root unit. Parameters, gradients and optimizer state are then split
+        across the ranks. Lightning calls this for fit, validate, test and predict alike: a network
+        sharded already is left as it is.
+        """
+        if self.device_mesh is None or isinstance(self.net, FSDPModule):
+            return
+        # FSDP2 shards contiguous parameters only. The images stay channels_last (see forward), and a
+        # convolution follows its input's memory layout.
+        self.net.to(memory_format=torch.contiguous_format)
+        mesh = self.device_mesh["data_parallel"]
+        for block in self.net.modules():
+            if isinstance(block, FSDP_BLOCKS):
+                fully_shard(block, mesh=mesh)
+        fully_shard(self.net, mesh=mesh)
+
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
+        # Under fsdp, configure_model has run already: these are the sharded parameters, so each rank's
+        # optimizer keeps state for its own shard only.
         optimizer = torch.optim.SGD(
             self.parameters(), lr=hp.lr, momentum=hp.momentum, nesterov=hp.nesterov, weight_decay=hp.weight_decay
         )

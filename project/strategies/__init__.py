@@ -1,0 +1,58 @@
+"""The strategies Lightning 2 lacks or refuses on a CPU, under the names users know them by:
+
+- ``dp``: DataParallel, one process, the network replicated on every GPU each step;
+- ``dp_balanced``: the same, with the loss computed inside each replica;
+- ``fsdp``: FSDP2 (``fully_shard``) per block, on CPUs (gloo) as well as GPUs;
+- ``single_xla``: Lightning's one-XLA-device strategy, with a default device so the name works;
+- ``xla_cpu`` (an accelerator): torch_xla's CPU device standing in for a TPU.
+
+``ddp``, ``xla`` (every core of a TPU) and single device are Lightning's own.
+:func:`register_strategies` runs when the package is imported (``project/__init__.py``), before any
+Trainer reads the registries, and so again in every process a launcher starts.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from lightning.pytorch.accelerators import AcceleratorRegistry
+from lightning.pytorch.strategies import StrategyRegistry
+
+from project.strategies.dp import DataParallelStrategy
+from project.strategies.fsdp import FullyShardedStrategy
+from project.strategies.xla import SingleXLAStrategy, XLACPUAccelerator
+
+__all__ = [
+    "DataParallelStrategy",
+    "FullyShardedStrategy",
+    "SingleXLAStrategy",
+    "XLACPUAccelerator",
+    "leave_gloo_process_group",
+    "register_strategies",
+]
+
+
+def register_strategies() -> None:
+    """Make ``--trainer.strategy=dp|dp_balanced|fsdp|single_xla`` and ``--trainer.accelerator=xla_cpu``
+    known to Lightning (safe to call again).
+
+    >>> register_strategies()
+    >>> {"dp", "dp_balanced", "fsdp", "single_xla"} <= set(StrategyRegistry.available_strategies())
+    True
+    """
+    DataParallelStrategy.register_strategies(StrategyRegistry)
+    FullyShardedStrategy.register_strategies(StrategyRegistry)
+    SingleXLAStrategy.register_strategies(StrategyRegistry)
+    XLACPUAccelerator.register_accelerators(AcceleratorRegistry)
+
+
+def leave_gloo_process_group() -> None:
+    """Destroy this process's gloo process group, if it has one; run at exit (``project/__init__.py``).
+
+    Lightning never destroys the group. Left to interpreter shutdown, gloo's worker threads can
+    still hold tensors whose release then needs the GIL that is being torn down, and a run that
+    finished can abort ("terminate called without an active exception", exit -6). Leaving a gloo
+    group is local to the process, so it is safe after a failure too; NCCL groups are left alone,
+    since destroying one after a failed collective can hang.
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+        dist.destroy_process_group()
