@@ -1,0 +1,104 @@
+"""Checkpoints never half-written, bad checkpoint files named, non-finite losses stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+from project import faults
+from project.errors import ProjectError
+from project.faults import AtomicCheckpointIO, AtomicCheckpoints, FiniteLossGuard, check_checkpoint_file
+
+
+def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}}, path)
+
+    def dies_half_way(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt  # the process is stopped in the middle of writing
+
+    monkeypatch.setattr(faults.torch, "save", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}}, path)
+    assert torch.equal(torch.load(path)["state_dict"]["w"], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no partial file left either
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "not a readable checkpoint"),  # None: a real checkpoint, truncated
+        (b"hello, not a checkpoint", "not a readable checkpoint"),
+        ({"weights": 1}, "a torch file, but not a Lightning checkpoint"),
+    ],
+)
+def test_bad_checkpoint_files_are_named(tmp_path: Path, content: object, message: str) -> None:
+    path = tmp_path / "some.ckpt"
+    if content is None:
+        torch.save({"state_dict": {"w": torch.randn(1000)}}, path)
+        path.write_bytes(path.read_bytes()[:2000])
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        torch.save(content, path)
+    with pytest.raises(ProjectError, match=rf"--ckpt_path={path}: {message}"):
+        check_checkpoint_file(path)
+
+
+def test_a_good_checkpoint_passes(tmp_path: Path) -> None:
+    path = tmp_path / "good.ckpt"
+    torch.save({"state_dict": {}, "epoch": 0}, path)
+    check_checkpoint_file(path)
+    with pytest.raises(ProjectError, match="no such file"):
+        check_checkpoint_file(tmp_path / "missing.ckpt")
+
+
+class LossTurnsNaN(LightningModule):
+    """A linear model whose loss becomes NaN from step `bad_step` (counted from 1) on."""
+
+    def __init__(self, bad_step: int) -> None:
+        super().__init__()
+        self.layer, self.bad_step = torch.nn.Linear(4, 1), bad_step
+
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch[0]).pow(2).mean()
+        return loss * float("nan") if self.global_step + 1 >= self.bad_step else loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def fit_nan_run(tmp_path: Path, bad_step: int) -> Trainer:
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        default_root_dir=tmp_path,
+        callbacks=[FiniteLossGuard(), AtomicCheckpoints(), checkpoint],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    loader = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=4)  # 8 steps per epoch
+    trainer.fit(LossTurnsNaN(bad_step), loader)
+    return trainer
+
+
+def test_training_stops_at_the_first_non_finite_loss(tmp_path: Path) -> None:
+    with pytest.raises(ProjectError, match=r"training loss is nan at step 11 \(epoch 1\)"):
+        fit_nan_run(tmp_path, bad_step=11)
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 10  # the last good step; nothing was saved from the bad one
+    assert all(torch.isfinite(t).all() for t in saved["state_dict"].values())
+
+
+def test_finite_losses_run_to_the_end(tmp_path: Path) -> None:
+    trainer = fit_nan_run(tmp_path, bad_step=10_000)
+    assert trainer.global_step == 16
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)

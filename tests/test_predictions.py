@@ -1,0 +1,57 @@
+"""predict writes one row per image, in data-set order."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Trainer
+
+from project.data import CIFAR10DataModule
+from project.model import ImageClassifier
+from project.predictions import PredictionWriter
+from tests.conftest import LABEL_NAMES, TEST_IMAGES
+
+
+def test_predictions_csv_matches_the_model(cifar_root: Path, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = ImageClassifier(num_classes=10).eval()
+    dm = CIFAR10DataModule(data_dir=str(cifar_root), download=False, image_size=32, batch_size=16, num_workers=0)
+    trainer = Trainer(
+        accelerator="cpu", default_root_dir=tmp_path, callbacks=[PredictionWriter()], enable_progress_bar=False
+    )
+    trainer.predict(model, datamodule=dm)
+
+    with open(Path(trainer.log_dir) / "predictions.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["index"]) for r in rows] == list(range(TEST_IMAGES))
+    images = torch.stack([dm._datasets["test"][i][0] for i in range(TEST_IMAGES)])
+    with torch.inference_mode():
+        expected = model(images).argmax(1).tolist()
+    assert [int(r["predicted"]) for r in rows] == expected
+    assert all(r["predicted_name"] == LABEL_NAMES[int(r["predicted"])] for r in rows)
+
+
+def test_predict_command_writes_the_csv(tiny_args: list[str], tmp_path: Path) -> None:
+    from project.cli import main
+
+    main(["fit", *tiny_args, "--trainer.max_epochs=1"])
+    cli = main(["predict", *tiny_args, "--ckpt_path=last"])
+    rows = list(csv.DictReader(open(Path(cli.trainer.log_dir) / "predictions.csv")))
+    assert len(rows) == TEST_IMAGES and {r["predicted_name"] for r in rows} <= set(LABEL_NAMES)
+
+
+def test_a_truncated_checkpoint_is_one_error_line(tiny_args: list[str], tmp_path: Path, capsys) -> None:
+    from project.cli import main
+
+    broken = tmp_path / "broken.ckpt"
+    torch.save({"state_dict": {"w": torch.randn(1000)}}, broken)
+    broken.write_bytes(broken.read_bytes()[:1500])
+    try:
+        main(["test", *tiny_args, f"--ckpt_path={broken}"])
+    except SystemExit as exit_info:
+        assert exit_info.code == 2
+    else:
+        raise AssertionError("a truncated checkpoint was accepted")
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: --ckpt_path={broken}: not a readable")
