@@ -1,0 +1,213 @@
+"""``python -m project bench``: the matrix file, the cells' commands, failure and resumption, the
+three result files -- and the CPU smoke preset, end to end."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import yaml
+
+from project import bench
+from project.bench import BenchConfig, Cell, cell_args, expand
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A cell that trains in seconds on a CPU: synthetic data, 32 px, two epochs of three batches.
+TINY = {
+    "archs": ["mobilenet_v2"],
+    "batch_sizes": [20],
+    "devices": [2],
+    "accelerator": "cpu",
+    "epochs": 2,
+    "image_size": 32,
+    "limit_train_batches": 3,
+    "limit_val_batches": 2,
+    "limit_test_batches": 4,
+    "args": [
+        "--data.synthetic=true",
+        "--data.synthetic_size=200",
+        "--data.val_size=40",
+        "--data.num_workers=0",
+        "--trainer.enable_model_summary=false",
+        "--timing.warmup_iterations=1",
+    ],
+}
+
+
+def write_config(path: Path, settings: object) -> Path:
+    path.write_text(yaml.safe_dump(settings))
+    return path
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({**TINY, "strategies": ["ddp"], "epoch": 3}, "unknown key(s) epoch; allowed: strategies, archs"),
+        ({k: v for k, v in TINY.items() if k != "archs"} | {"strategies": ["ddp"]}, "missing key(s) archs"),
+        ({**TINY, "strategies": ["ddp"], "limit_val_batches": 1}, "limit_val_batches=1 is not allowed"),
+        ({**TINY, "strategies": ["ddp"], "batch_sizes": [0]}, "batch_sizes=[0] is not allowed"),
+        ({**TINY, "strategies": "ddp"}, "strategies='ddp' is not allowed: it must be a non-empty list"),
+        (["single", "ddp"], "expected a mapping of settings, found list"),
+    ],
+)
+def test_a_bad_matrix_file_is_one_line(tmp_path: Path, capsys, settings: object, message: str) -> None:
+    config = write_config(tmp_path / "bench.yaml", settings)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--config", str(config), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"error: bench --config {config}: {message}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_matrix_file_is_one_line(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        bench.main(["--config", str(tmp_path / "nowhere.yaml"), "--out", str(tmp_path / "out")])
+    assert capsys.readouterr().err.strip() == f"error: bench --config {tmp_path / 'nowhere.yaml'}: no such file"
+
+
+def test_the_presets_are_valid_matrices() -> None:
+    seed = expand(bench.load_config(REPO / "configs" / "bench" / "seed.yaml"))
+    assert {c.strategy for c in seed} == {"single", "dp", "ddp", "fsdp"}
+    assert {c.arch for c in seed} == {"mobilenet_v2", "resnet50"} and {c.batch_size for c in seed} == {256, 512}
+    smoke = expand(bench.load_config(REPO / "configs" / "bench" / "cpu-smoke.yaml"))
+    assert {(c.strategy, c.devices) for c in smoke} == {("single", 1), ("ddp", 2), ("fsdp", 2)}
+
+
+def test_every_cell_is_its_own_run_with_its_settings(tmp_path: Path) -> None:
+    config = BenchConfig(
+        strategies=["single", "ddp", "fsdp"],
+        archs=["mobilenet_v2", "resnet50"],
+        batch_sizes=[256, 512],
+        devices=[2, 4],
+        precision=["32-true"],
+        args=["--data.synthetic=true"],
+    )
+    cells = expand(config)
+    assert len(cells) == 2 * 2 * (1 + 2 * 2)  # single runs on one device only
+    assert {c.devices for c in cells if c.strategy == "single"} == {1}
+    assert len({c.name for c in cells}) == len(cells)
+
+    ddp = Cell("ddp", "resnet50", 512, 4, "32-true")
+    args = cell_args(config, ddp, tmp_path)
+    assert {"--trainer.strategy=ddp", "--trainer.devices=4", "--model.arch=resnet50", "--data.batch_size=512"} <= set(
+        args
+    )
+    # its own TensorBoard run, the same one for fit and test
+    assert f"--trainer.default_root_dir={tmp_path / ddp.name}" in args
+    assert f"--trainer.logger.init_args.save_dir={tmp_path / ddp.name}" in args
+    assert "--trainer.logger.init_args.version=0" in args
+    assert args[-1] == "--data.synthetic=true"  # the preset's own options come last, so they win
+    single = cell_args(config, Cell("single", "resnet50", 512, 1, "32-true"), tmp_path)
+    assert "--trainer.strategy=auto" in single and "--trainer.devices=1" in single
+
+
+def test_results_compare_each_cell_with_its_single_device_baseline(tmp_path: Path) -> None:
+    common = {"arch": "resnet50", "batch_size": 256, "devices": 2, "precision": "32-true", "error": None}
+    rows = [
+        {**common, "cell": "s", "bench_strategy": "single", "status": "ok", "epoch_seconds_mean": 3.0},
+        {**common, "cell": "d", "bench_strategy": "ddp", "status": "ok", "epoch_seconds_mean": 2.0},
+        {**common, "cell": "f", "bench_strategy": "fsdp", "status": "failed", "error": "ValueError: no | way"},
+        {**common, "cell": "o", "bench_strategy": "ddp", "status": "ok", "epoch_seconds_mean": 1.0, "batch_size": 512},
+    ]
+    assert bench.speedups(rows) == [1.0, 1.5, None, None]  # no single-device cell at batch 512
+
+    rows[1].update(
+        test_batch_latency_ms={"mean": 4.0, "p50": 3.5},
+        peak_memory_mb=[900.0, 800.0],
+        peak_memory_devices=["rank0", "rank1"],
+    )
+    bench.write_csv(rows, tmp_path / "results.csv")
+    written = read_csv(tmp_path / "results.csv")
+    assert [r["cell"] for r in written] == ["s", "d", "f", "o"]
+    assert written[1]["test_batch_latency_ms_p50"] == "3.5" and json.loads(written[1]["peak_memory_mb"]) == [900, 800]
+
+    bench.write_markdown(rows, tmp_path / "results.md", "python -m project bench --config x.yaml --out y", "a machine")
+    text = (tmp_path / "results.md").read_text()
+    assert "`python -m project bench --config x.yaml --out y`" in text
+    assert "| 1.50x |" in text and "| rank0 900, rank1 800 |" in text and "ValueError: no \\| way" in text
+
+
+@pytest.mark.slow
+def test_a_failing_cell_is_recorded_and_a_finished_one_not_run_again(tmp_path: Path, capsys) -> None:
+    config = write_config(tmp_path / "bench.yaml", {**TINY, "strategies": ["single", "no_such_strategy"]})
+    out = tmp_path / "out"
+    bench.main(["--config", str(config), "--out", str(out)])
+    first = capsys.readouterr().out
+    assert "[1/2] single-mobilenet_v2-b20-x1-32-true: ok" in first and "left ~" in first
+    assert "[2/2] no_such_strategy-mobilenet_v2-b20-x2-32-true: FAILED" in first
+
+    rows = read_csv(out / "results.csv")
+    single, broken = rows
+    assert single["status"] == "ok" and broken["status"] == "failed"
+    assert "invalid strategy name" in broken["error"] and "no_such_strategy" in broken["error"]
+    for key in ("fit_seconds", "epoch_seconds_mean", "iteration_seconds_mean", "test_batch_latency_ms_mean"):
+        assert float(single[key]) > 0, key
+    assert "no_such_strategy" in (out / "results.md").read_text()
+
+    timing = bench.run_folder(out / "runs", Cell("single", "mobilenet_v2", 20, 1, "32-true")) / "timing.json"
+    written_at = timing.stat().st_mtime_ns
+    bench.main(["--config", str(config), "--out", str(out)])
+    again = capsys.readouterr().out
+    assert "1 finished before, 1 to run" in again
+    assert "[1/2] single-mobilenet_v2-b20-x1-32-true: finished before, not run again" in again
+    assert timing.stat().st_mtime_ns == written_at
+    assert [r["status"] for r in read_csv(out / "results.csv")] == ["ok", "failed"]
+
+
+@pytest.mark.slow
+def test_cpu_smoke_preset_writes_the_three_result_files(tmp_path: Path) -> None:
+    preset = REPO / "configs" / "bench" / "cpu-smoke.yaml"
+    out = tmp_path / "smoke"
+    result = subprocess.run(
+        [sys.executable, "-m", "project", "bench", "--config", str(preset), "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    cells = expand(bench.load_config(preset))
+    assert f"[{len(cells)}/{len(cells)}]" in result.stdout
+
+    rows = read_csv(out / "results.csv")
+    assert [r["cell"] for r in rows] == [c.name for c in cells]
+    measured = [r for r in rows if r["bench_strategy"] in ("single", "ddp")]  # fsdp may or may not run on CPU
+    assert len(measured) == 4
+    markdown = (out / "results.md").read_text()
+    for row in measured:
+        assert row["status"] == "ok", row["error"]
+        for key in (
+            "fit_seconds",
+            "epoch_seconds_mean",
+            "iteration_seconds_mean",
+            "train_samples_per_second",
+            "test_batch_latency_ms_mean",
+            "test_samples_per_second",
+        ):
+            assert float(row[key]) > 0, (row["cell"], key)
+        world_size = 2 if row["bench_strategy"] == "ddp" else 1
+        assert int(row["world_size"]) == world_size
+        memory = json.loads(row["peak_memory_mb"])
+        assert len(memory) == world_size and min(memory) > 0
+        assert f"| `{row['cell']}` | {row['bench_strategy']} | {row['arch']} |" in markdown
+        assert f" {float(row['fit_seconds']):.1f} |" in markdown
+        assert list((out / "runs" / row["cell"] / "lightning_logs" / "version_0").glob("events.out.tfevents.*"))
+    for row in rows:
+        assert row["status"] == "ok" or row["error"], row["cell"]
+    assert f"python -m project bench --config {preset} --out {out}" in markdown
+
+    image = matplotlib.image.imread(out / "results.png")
+    assert image.shape[0] > 300 and image.shape[1] > 300 and image.std() > 0
