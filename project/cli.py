@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -71,11 +72,21 @@ class ProjectCLI(LightningCLI):
                     subcommand,
                 )
             if value in ("last", "best"):
-                runs_root = Path(config.trainer.default_root_dir or os.getcwd()) / "lightning_logs"
-                config.ckpt_path = find_checkpoint(value, runs_root, allow_none=subcommand == "fit")
+                config.ckpt_path = find_checkpoint(value, _runs_root(config.trainer), allow_none=subcommand == "fit")
             if config.ckpt_path not in (None, "hpc"):
                 check_checkpoint_file(config.ckpt_path)  # a truncated or foreign file: one line naming it
         super()._parse_ckpt_path()
+
+
+def _runs_root(trainer_config: Any) -> Path:
+    """The folder holding the ``version_N`` run folders: the logger's ``save_dir/name`` when a logger
+    is configured with them, else Lightning's default ``<default_root_dir>/lightning_logs``."""
+    root = Path(trainer_config.get("default_root_dir") or os.getcwd())
+    init_args = getattr(trainer_config.get("logger"), "init_args", None)
+    if init_args is None:
+        return root / "lightning_logs"
+    name = init_args.get("name", "lightning_logs")
+    return Path(init_args.get("save_dir") or root) / (name or "")
 
 
 def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False) -> str | None:

@@ -179,3 +179,15 @@ def test_test_from_last_without_any_run_is_an_error(tiny_args: list[str], tmp_pa
     with pytest.raises(SystemExit):
         main(["test", *tiny_args, "--ckpt_path=last"])
     assert f"no run with a checkpoint under {tmp_path / 'lightning_logs'}" in capsys.readouterr().err
+
+
+def test_last_is_found_under_a_configured_logger(tiny_args: list[str], tmp_path: Path) -> None:
+    logger = [
+        "--trainer.logger.class_path=lightning.pytorch.loggers.TensorBoardLogger",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'elsewhere'}",
+        "--trainer.logger.init_args.name=my_runs",
+    ]
+    main(["fit", *tiny_args, *logger, "--trainer.max_epochs=1"])
+    tested = main(["test", *tiny_args, *logger, "--ckpt_path=last"])
+    assert "test/acc" in tested.trainer.callback_metrics
+    assert (tmp_path / "elsewhere" / "my_runs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
