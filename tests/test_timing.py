@@ -31,13 +31,16 @@ from project.timing import (
     summarise_inference,
 )
 
-# Sleeps long enough that Lightning's own work around a step (a few ms) stays well under 5 %. The
-# reference for each figure is how long the sleeps really lasted, timed where they happen: on a
+# The reference for each figure is how long the sleeps really lasted, timed where they happen: on a
 # busy machine a sleep can wake up late, and that is time the callback must count, not an error.
+# A measured span also holds Lightning's own work around each batch (hooks, logging): a few ms on a
+# quiet machine, 10-15 ms on a loaded CI runner. OVERHEAD_S bounds that per batch; it stays well
+# under what a misplaced timer would add (a validation run inside an epoch is 2 x 0.2 s).
 STEP_S = 0.2
-VAL_STEP_S = 0.1
+VAL_STEP_S = 0.2
 TEST_STEP_S = 0.1
 LOAD_S = 0.1
+OVERHEAD_S = 0.04
 BATCHES = 5
 VAL_BATCHES = 2
 BATCH_SIZE = 8
@@ -132,8 +135,9 @@ def chunks(values: list[float], size: int) -> list[float]:
     return [sum(values[i : i + size]) for i in range(0, len(values), size)]
 
 
-def assert_close(measured: float, expected: float, rel: float = 0.05) -> None:
-    assert measured == pytest.approx(expected, rel=rel), f"measured {measured}, expected {expected}"
+def assert_covers(measured: float, slept: float, batches: int = 1) -> None:
+    """``measured`` holds all of ``slept`` and at most ``OVERHEAD_S`` per batch besides."""
+    assert slept * 0.99 <= measured <= slept + batches * OVERHEAD_S, f"measured {measured}, slept {slept}"
 
 
 def test_times_match_known_sleeps_and_a_stopwatch(tmp_path: Path) -> None:
@@ -147,22 +151,24 @@ def test_times_match_known_sleeps_and_a_stopwatch(tmp_path: Path) -> None:
     steps = model.slept["train"]
     assert len(steps) == 3 * BATCHES and min(steps) >= STEP_S
 
-    assert_close(report["fit_seconds"], stopwatch)
-    assert_close(report["iteration_seconds_mean"], statistics.fmean(steps[2:]))
-    assert_close(report["iteration_seconds_p50"], statistics.median(steps[2:]))
+    assert report["fit_seconds"] == pytest.approx(stopwatch, rel=0.05)
+    assert_covers(report["iteration_seconds_mean"], statistics.fmean(steps[2:]))
+    assert_covers(report["iteration_seconds_p50"], statistics.median(steps[2:]))
     assert report["iterations_measured"] == 3 * BATCHES - 2 and report["warmup_iterations_skipped"] == 2
     # an epoch is its training steps only: the validation sleeping inside it is not counted...
     assert [e["epoch"] for e in report["epochs"]] == [0, 1, 2]
     for epoch, slept in zip(report["epochs"], chunks(steps, BATCHES), strict=True):
-        assert_close(epoch["seconds"], slept)
+        assert_covers(epoch["seconds"], slept, BATCHES)
         assert epoch["samples"] == BATCHES * BATCH_SIZE
     # ...but measured on its own
-    assert_close(report["val_epoch_seconds_mean"], statistics.fmean(chunks(model.slept["val"], VAL_BATCHES)))
+    assert_covers(
+        report["val_epoch_seconds_mean"], statistics.fmean(chunks(model.slept["val"], VAL_BATCHES)), VAL_BATCHES
+    )
     assert report["first_epoch_seconds"] == report["epochs"][0]["seconds"]
     steady = [e["seconds"] for e in report["epochs"][1:]]
     assert report["steady_epochs"] == 2
     assert report["epoch_seconds_mean"] == pytest.approx(statistics.fmean(steady), abs=1e-5)
-    assert_close(report["train_samples_per_second"], 2 * BATCHES * BATCH_SIZE / sum(steps[BATCHES:]))
+    assert_covers(2 * BATCHES * BATCH_SIZE / report["train_samples_per_second"], sum(steps[BATCHES:]), 2 * BATCHES)
     assert report["data_wait_fraction"] < 0.05
     assert report["world_size"] == 1 and len(report["peak_memory_mb"]) == 1 and report["peak_memory_mb"][0] > 0
 
@@ -172,10 +178,10 @@ def test_times_match_known_sleeps_and_a_stopwatch(tmp_path: Path) -> None:
     merged = json.loads((tmp_path / "version_0" / "timing.json").read_text())
     assert merged["fit_seconds"] == report["fit_seconds"]  # the test's keys were added, the fit's kept
     assert merged["test_batches_measured"] == 3
-    assert_close(merged["test_batch_latency_ms"]["mean"], 1000 * statistics.fmean(latencies))
-    assert_close(merged["test_batch_latency_ms"]["p50"], 1000 * statistics.median(latencies))
-    assert_close(merged["test_sample_latency_ms"], 1000 * sum(latencies) / (3 * BATCH_SIZE))
-    assert_close(merged["test_samples_per_second"], 3 * BATCH_SIZE / sum(latencies))
+    assert_covers(merged["test_batch_latency_ms"]["mean"] / 1000, statistics.fmean(latencies))
+    assert_covers(merged["test_batch_latency_ms"]["p50"] / 1000, statistics.median(latencies))
+    assert_covers(merged["test_sample_latency_ms"] * 3 * BATCH_SIZE / 1000, sum(latencies), 3)
+    assert_covers(3 * BATCH_SIZE / merged["test_samples_per_second"], sum(latencies), 3)
 
 
 def test_validation_in_the_middle_of_an_epoch_is_neither_training_nor_data_wait(tmp_path: Path) -> None:
@@ -187,9 +193,11 @@ def test_validation_in_the_middle_of_an_epoch_is_neither_training_nor_data_wait(
     report = callback.report
     assert len(model.slept["val"]) == 2 * 2 * VAL_BATCHES  # two validation runs per epoch
     for epoch, slept in zip(report["epochs"], chunks(model.slept["train"], BATCHES), strict=True):
-        assert_close(epoch["seconds"], slept)
+        assert_covers(epoch["seconds"], slept, BATCHES)
     assert report["data_wait_fraction"] < 0.05
-    assert_close(report["val_epoch_seconds_mean"], statistics.fmean(chunks(model.slept["val"], VAL_BATCHES)))
+    assert_covers(
+        report["val_epoch_seconds_mean"], statistics.fmean(chunks(model.slept["val"], VAL_BATCHES)), VAL_BATCHES
+    )
 
 
 def test_data_wait_is_nearly_all_of_an_epoch_when_loading_is_slow(tmp_path: Path) -> None:
@@ -201,7 +209,7 @@ def test_data_wait_is_nearly_all_of_an_epoch_when_loading_is_slow(tmp_path: Path
     assert report["data_wait_fraction"] > 0.9
     assert report["iteration_seconds_mean"] < LOAD_S / 2  # the loading is not in the step
     loads = chunks(train.dataset.loads, BATCHES)
-    assert_close(report["epochs"][1]["seconds"], loads[1], rel=0.1)  # but in the epoch, with the (short) steps
+    assert_covers(report["epochs"][1]["seconds"], loads[1], BATCHES)  # but in the epoch, with the (short) steps
 
 
 def test_without_a_logger_it_prints_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
