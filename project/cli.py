@@ -9,24 +9,34 @@ Beyond LightningCLI it does these things:
   ``<trainer.default_root_dir>/lightning_logs``;
 - a :class:`project.timing.TimingCallback` is always there (``--timing.*``): every run reports its
   epoch, iteration and inference times and peak memory (``timing.json`` in the run folder);
+- ``--trainer.benchmark`` (cuDNN autotuning) is on unless ``--trainer.deterministic`` is set;
 - checkpoints are written atomically, checked before use, and training stops at the first
   non-finite loss (:mod:`project.faults`); ``predict`` writes ``predictions.csv``.
-Errors the user can fix (:class:`project.errors.ProjectError`) print as one line and exit 2.
+Errors the user can fix print as one line and exit 2, with no traceback and no half-made run folder:
+ours (:class:`project.errors.ProjectError`), the parser's (a wrong type, an unknown key, a missing
+config file) and Lightning's refusals of a Trainer setting (an unknown strategy, GPUs asked for on a
+machine without any).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
 import sys
+from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import StrategyRegistry
 
-from project.data import CIFAR10DataModule
+from project.data import NUM_CLASSES, CIFAR10DataModule
 from project.errors import ProjectError
 from project.faults import AtomicCheckpoints, FiniteLossGuard, check_checkpoint_file
 from project.log import get_logger
@@ -74,8 +84,119 @@ class ProjectCLI(LightningCLI):
             if value in ("last", "best"):
                 config.ckpt_path = find_checkpoint(value, _runs_root(config.trainer), allow_none=subcommand == "fit")
             if config.ckpt_path not in (None, "hpc"):
-                check_checkpoint_file(config.ckpt_path)  # a truncated or foreign file: one line naming it
+                check_checkpoint_file(config.ckpt_path, num_classes=NUM_CLASSES)  # one line naming a bad file
         super()._parse_ckpt_path()
+
+    def before_instantiate_classes(self) -> None:
+        trainer = self.config[self.subcommand].trainer
+        check_trainer_choices(trainer.get("strategy"), trainer.get("accelerator"), trainer.get("devices"))
+        if trainer.get("benchmark") is None:
+            # cuDNN's autotuner picks the fastest convolution kernels for the (fixed) input shape; it
+            # may pick differently from run to run, so a deterministic run leaves it off. No effect on CPU.
+            trainer.benchmark = not trainer.get("deterministic")
+
+    def instantiate_classes(self) -> None:
+        # Lightning's Trainer refuses a bad setting (devices=-1 on CPU, an unusable precision, ...) with
+        # an exception carrying a readable message; the user gets that message, not a traceback.
+        try:
+            super().instantiate_classes()
+        except (MisconfigurationException, ValueError, TypeError) as err:
+            raise ProjectError(one_line(str(err))) from None
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run the subcommand; if it fails on bad input before any training step, remove the run folder
+        it had just created (config.yaml and an empty event file), so failed starts leave no clutter
+        among the real runs. A folder that existed before, or that holds a checkpoint, is kept."""
+        log_dir = Path(self.trainer.log_dir) if self.trainer.log_dir else None
+        created = _first_missing(log_dir) if log_dir is not None else None
+        try:
+            super()._run_subcommand(subcommand)
+        except (ProjectError, MisconfigurationException):
+            if (
+                created is not None
+                and created.exists()
+                and self.trainer.global_step == 0
+                and self.trainer.is_global_zero
+            ):
+                if not any(created.rglob("*.ckpt")):
+                    shutil.rmtree(created, ignore_errors=True)
+            raise
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder on the way to ``path`` that does not exist yet (None if ``path`` exists)."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def check_trainer_choices(strategy: Any, accelerator: Any, devices: Any) -> None:
+    """Refuse an unknown strategy or accelerator name, a GPU on a machine without one, and a device
+    count that is no count, naming what is allowed (Lightning's own messages name neither this
+    template's strategies nor the cause)."""
+    count = devices if isinstance(devices, int) else None
+    if isinstance(devices, str) and devices != "auto":
+        if not re.fullmatch(r"-?\d+|\d+(,\d+)*,?", devices.strip()):
+            count = 0
+        elif "," not in devices:
+            count = int(devices)
+    if count is not None and count < 1 and (count != -1 or accelerator == "cpu"):
+        raise ProjectError(
+            f"trainer.devices={devices!r} is not allowed: use a number >= 1, a list of device indices, "
+            "-1 (all GPUs) or auto"
+        )
+    if isinstance(strategy, str) and strategy != "auto" and strategy not in StrategyRegistry.available_strategies():
+        raise ProjectError(
+            f"trainer.strategy={strategy!r} is not a strategy; choose one of: auto, "
+            + ", ".join(sorted(StrategyRegistry.available_strategies()))
+        )
+    if not isinstance(accelerator, str):
+        return
+    allowed = {"auto", "gpu", *AcceleratorRegistry.available_accelerators()}
+    if accelerator not in allowed:
+        raise ProjectError(
+            f"trainer.accelerator={accelerator!r} is not an accelerator; choose one of: {', '.join(sorted(allowed))}"
+        )
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ProjectError(
+            f"trainer.accelerator={accelerator!r}, but this machine has no CUDA GPU that torch can use "
+            f"(torch {torch.__version__}); use --trainer.accelerator=cpu or auto"
+        )
+
+
+def one_line(message: str) -> str:
+    r"""``message`` with its line breaks and indentation folded into single spaces.
+
+    >>> one_line("first\n  second")
+    'first second'
+    """
+    return re.sub(r"\s*\n\s*", " ", message.strip())
+
+
+def parse_error_line(message: str) -> str:
+    r"""jsonargparse's message for a value of the wrong type, as one line: the option, the value, and
+    the types or values allowed; other messages only folded onto one line.
+
+    >>> parse_error_line('Parser key "data.image_size":\n  Expected a <class \'int\'>. Got value: abc')
+    'data.image_size=abc is not allowed; expected int'
+    >>> parse_error_line(
+    ...     'Parser key "trainer.max_epochs":\n  Does not validate against any of the Union subtypes\n'
+    ...     "  Subtypes: [<class 'int'>, <class 'NoneType'>]\n  Errors:\n    - Expected a <class 'int'>\n"
+    ...     "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: abc"
+    ... )
+    'trainer.max_epochs=abc is not allowed; expected int or null'
+    """
+    key = re.match(r'Parser key "([^"]+)":', message)
+    value = re.search(r"(?:Given|Got) value: (.*?)\s*$", message)
+    expected = re.findall(r"Expected a (.+?)(?:\. Got value|\n|$)", message)
+    if not (key and value and expected):
+        return one_line(message)
+    names = {"<class 'NoneType'>": "null"}
+    allowed = [names.get(t, re.sub(r"^<class '(.+)'>$|^typing\.Literal\[(.+)\]$", r"\1\2", t)) for t in expected]
+    return f"{key.group(1)}={value.group(1)} is not allowed; expected {' or '.join(allowed)}"
 
 
 def _runs_root(trainer_config: Any) -> Path:
@@ -132,6 +253,8 @@ def main(args: ArgsType = None) -> ProjectCLI:
     package_logger.handlers[:] = [handler]
     package_logger.setLevel(logging.INFO)
     package_logger.propagate = False
+    # Parse errors raise instead of printing the whole usage, so they too come out as one line.
+    raising = {"exit_on_error": False}
     try:
         return ProjectCLI(
             ImageClassifier,
@@ -139,13 +262,20 @@ def main(args: ArgsType = None) -> ProjectCLI:
             seed_everything_default=42,
             trainer_defaults={"max_epochs": 10},
             save_config_kwargs={"overwrite": True},
-            # bench is dispatched before LightningCLI (project/__main__.py): name it where users look
             parser_kwargs={
+                # bench is dispatched before LightningCLI (project/__main__.py): name it where users look
                 "description": "Train, evaluate and time one image classifier; compare strategies with "
-                "`python -m project bench --help`."
+                "`python -m project bench --help`.",
+                **raising,
+                **{subcommand: dict(raising) for subcommand in LightningCLI.subcommands()},
             },
             args=args,
         )
     except ProjectError as err:
-        print(f"error: {err}", file=sys.stderr)
+        # Every process of a multi-process run meets the same bad input: one line per machine is enough.
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ArgumentError as err:
+        print(f"error: {parse_error_line(str(err))} (see python -m project --help)", file=sys.stderr)
         raise SystemExit(2) from None

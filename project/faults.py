@@ -47,9 +47,11 @@ class AtomicCheckpoints(Callback):
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
 
 
-def check_checkpoint_file(path: str | Path) -> None:
+def check_checkpoint_file(path: str | Path, num_classes: int | None = None) -> None:
     """Raise a one-line :class:`ProjectError` naming ``path`` unless it is a loadable Lightning
-    checkpoint (a file with a ``state_dict``) or a sharded checkpoint folder.
+    checkpoint (a file with a ``state_dict``) or a sharded checkpoint folder, and, given
+    ``num_classes``, one of a model with that many classes (another task's classifier head would
+    otherwise fail deep inside ``load_state_dict``).
 
     Cheap: the file is memory-mapped, not read into memory.
     """
@@ -69,6 +71,12 @@ def check_checkpoint_file(path: str | Path) -> None:
         ) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise ProjectError(f"--ckpt_path={path}: a torch file, but not a Lightning checkpoint (no 'state_dict')")
+    trained_for = checkpoint.get("hyper_parameters", {}).get("num_classes")
+    if num_classes is not None and trained_for is not None and trained_for != num_classes:
+        raise ProjectError(
+            f"--ckpt_path={path}: a model of {trained_for} classes, but this data has {num_classes}; "
+            "use a checkpoint trained on this data"
+        )
 
 
 class FiniteLossGuard(Callback):

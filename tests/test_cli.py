@@ -156,25 +156,6 @@ def test_offline_fit_without_data_fails_fast_with_one_line(tmp_path: Path) -> No
     assert not (tmp_path / "lightning_logs").exists() and not (tmp_path / "data").exists()
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--model.arch=resnet5"], "model.arch='resnet5' is not a torchvision classification model; choose one of:"),
-        (["--data.batch_size=0"], "data.batch_size=0 is not allowed"),
-        (["--ckpt_path=nowhere.ckpt"], "--ckpt_path=nowhere.ckpt: no such file"),
-    ],
-)
-def test_user_errors_are_one_line(
-    tiny_args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], message: str
-) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["fit", *tiny_args, *args])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"error: {message}")
-    assert not (tmp_path / "lightning_logs").exists()
-
-
 def test_test_from_last_without_any_run_is_an_error(tiny_args: list[str], tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["test", *tiny_args, "--ckpt_path=last"])
@@ -191,3 +172,12 @@ def test_last_is_found_under_a_configured_logger(tiny_args: list[str], tmp_path:
     tested = main(["test", *tiny_args, *logger, "--ckpt_path=last"])
     assert "test/acc" in tested.trainer.callback_metrics
     assert (tmp_path / "elsewhere" / "my_runs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.parametrize(("options", "benchmark"), [([], True), (["--trainer.deterministic=true"], False)])
+def test_cudnn_autotuning_is_on_unless_deterministic(
+    tiny_args: list[str], monkeypatch: pytest.MonkeyPatch, options: list[str], benchmark: bool
+) -> None:
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", not benchmark)  # restored after the test
+    main(["validate", *tiny_args, *options, "--trainer.limit_val_batches=1"])
+    assert torch.backends.cudnn.benchmark is benchmark
