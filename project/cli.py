@@ -10,8 +10,9 @@ Beyond LightningCLI it does these things:
 - a :class:`project.timing.TimingCallback` is always there (``--timing.*``): every run reports its
   epoch, iteration and inference times and peak memory (``timing.json`` in the run folder);
 - ``--trainer.benchmark`` (cuDNN autotuning) is on unless ``--trainer.deterministic`` is set;
-- checkpoints are written atomically, checked before use, and training stops at the first
-  non-finite loss (:mod:`project.faults`); ``predict`` writes ``predictions.csv``.
+- checkpoints are written atomically, checked before use, and saved when SIGTERM or Ctrl-C stops
+  the run (exit status 128 + signal); training stops at the first non-finite loss
+  (:mod:`project.faults`); ``predict`` writes ``predictions.csv``.
 Errors the user can fix print as one line and exit 2, with no traceback and no half-made run folder:
 ours (:class:`project.errors.ProjectError`), the parser's (a wrong type, an unknown key, a missing
 config file) and Lightning's refusals of a Trainer setting (an unknown strategy, GPUs asked for on a
@@ -24,6 +25,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 from argparse import ArgumentError
 from pathlib import Path
@@ -35,10 +37,11 @@ from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.data import NUM_CLASSES, CIFAR10DataModule
 from project.errors import ProjectError
-from project.faults import AtomicCheckpoints, FiniteLossGuard, check_checkpoint_file
+from project.faults import AtomicCheckpoints, CheckpointOnSignal, FiniteLossGuard, check_checkpoint_file
 from project.log import get_logger
 from project.model import ImageClassifier
 from project.predictions import PredictionWriter
@@ -65,6 +68,7 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(TimingCallback, "timing")
         parser.add_lightning_class_args(FiniteLossGuard, "finite_loss_guard")
         parser.add_lightning_class_args(AtomicCheckpoints, "atomic_checkpoints")
+        parser.add_lightning_class_args(CheckpointOnSignal, "checkpoint_on_signal")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def _parse_ckpt_path(self) -> None:
@@ -111,6 +115,9 @@ class ProjectCLI(LightningCLI):
         created = _first_missing(log_dir) if log_dir is not None else None
         try:
             super()._run_subcommand(subcommand)
+        except SIGTERMException:  # stopped by a signal, after saving (CheckpointOnSignal): say which
+            stopper = next((c for c in self.trainer.callbacks if isinstance(c, CheckpointOnSignal)), None)
+            raise SystemExit(128 + (stopper.signum if stopper and stopper.signum else signal.SIGTERM)) from None
         except (ProjectError, MisconfigurationException):
             if (
                 created is not None

@@ -1,18 +1,27 @@
 """Surviving faults: checkpoints that are never half-written, checkpoint files checked before use,
-and a run that stops at the first non-finite loss instead of training on garbage."""
+a checkpoint saved when the run is told to stop (SIGTERM, Ctrl-C), and a run that stops at the first
+non-finite loss instead of training on garbage."""
 
 from __future__ import annotations
 
 import math
 import os
+import signal
+import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.errors import ProjectError
+from project.log import get_logger
+
+log = get_logger(__name__)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -45,6 +54,67 @@ class AtomicCheckpoints(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+
+
+class CheckpointOnSignal(Callback):
+    """Save ``last.ckpt`` when the run is told to stop, so ``fit --ckpt_path=last`` goes on from there.
+
+    SIGTERM is what a preempted cloud VM, ``docker stop``, Kubernetes and SLURM (at the end of a job's
+    time, or on ``scancel``) send before they kill. Lightning then finishes the training step under
+    way on every rank and raises :class:`SIGTERMException`; this callback saves the checkpoint at that
+    step boundary, where the weights, optimizer and loop counters agree. Ctrl-C (SIGINT) is turned into
+    the same SIGTERM, so it too stops cleanly between steps; a second Ctrl-C interrupts at once.
+
+    Attributes:
+        signum: The signal that stopped the run, or None. The CLI exits with ``128 + signum``, the
+            status a shell gives a process killed by that signal, so job schedulers see a stop, not
+            a finished job.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous_sigint: Any = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Not earlier: Lightning records the handlers in place when it sets its own (after on_fit_start)
+        # and puts those back when it ends, which would leave this one installed.
+        self.signum = None
+        if threading.current_thread() is threading.main_thread():  # only there can handlers be set
+            self._previous_sigint = signal.signal(signal.SIGINT, self._sigint_to_sigterm)
+
+    def _sigint_to_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGINT, self._previous_sigint)  # a second Ctrl-C: KeyboardInterrupt at once
+        self.signum = signal.SIGINT
+        log.warning("Ctrl-C: finishing this step and saving a checkpoint (Ctrl-C again to stop at once)")
+        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler takes it from here, on every rank
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._restore_sigint()  # Lightning calls no teardown hook after an exception
+        if not isinstance(exception, SIGTERMException) or not trainer.training:
+            return
+        self.signum = self.signum or signal.SIGTERM
+        checkpoint = trainer.checkpoint_callback
+        folder = Path(checkpoint.dirpath) if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath else None
+        if folder is None:
+            log.warning("Stopped by %s; no ModelCheckpoint folder to save into", signal.Signals(self.signum).name)
+            return
+        path = folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+        trainer.save_checkpoint(path)  # on every rank: saving is collective under fsdp
+        log.warning(
+            "Stopped by %s at epoch %d, step %d; saved %s. Resume with the same command and --ckpt_path=last",
+            signal.Signals(self.signum).name,
+            trainer.current_epoch,
+            trainer.global_step,
+            path,
+        )
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._restore_sigint()
+
+    def _restore_sigint(self) -> None:
+        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
 
 
 def check_checkpoint_file(path: str | Path, num_classes: int | None = None) -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from project import faults
+from project.cli import main
 from project.errors import ProjectError
 from project.faults import AtomicCheckpointIO, AtomicCheckpoints, FiniteLossGuard, check_checkpoint_file
 
@@ -102,3 +105,36 @@ def test_finite_losses_run_to_the_end(tmp_path: Path) -> None:
     trainer = fit_nan_run(tmp_path, bad_step=10_000)
     assert trainer.global_step == 16
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+class SignalAt(Callback):
+    """Sends this process ``signum`` at the end of optimizer step ``step``: a preemption notice
+    (SIGTERM) or a Ctrl-C (SIGINT) arriving in the middle of an epoch."""
+
+    def __init__(self, signum: int = signal.SIGTERM, step: int = 1) -> None:
+        self.signum, self.step = signum, step
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_saves_a_checkpoint_and_the_run_resumes_from_it(
+    tiny_args: list[str], tmp_path: Path, signum: int
+) -> None:
+    args = ["fit", *tiny_args, "--trainer.max_epochs=2"]  # 8 steps per epoch
+    stop = [
+        f"--trainer.callbacks+={__name__}.SignalAt",
+        f"--trainer.callbacks.signum={signum}",
+        "--trainer.callbacks.step=11",
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, *stop])
+    assert exit_info.value.code == 128 + signum  # what a shell reports for a process stopped by it
+    saved = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert (saved["epoch"], saved["global_step"]) == (1, 11)  # the step the signal came in, finished
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C handling given back
+
+    resumed = main([*args, "--ckpt_path=last"])
+    assert resumed.trainer.global_step == 16 and resumed.trainer.current_epoch == 2
