@@ -41,7 +41,13 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.data import NUM_CLASSES, CIFAR10DataModule
 from project.errors import ProjectError
-from project.faults import AtomicCheckpoints, CheckpointOnSignal, FiniteLossGuard, check_checkpoint_file
+from project.faults import (
+    AtomicCheckpoints,
+    CheckpointOnSignal,
+    FiniteLossGuard,
+    LostRankWatchdog,
+    check_checkpoint_file,
+)
 from project.log import get_logger
 from project.model import ImageClassifier
 from project.predictions import PredictionWriter
@@ -69,6 +75,7 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(FiniteLossGuard, "finite_loss_guard")
         parser.add_lightning_class_args(AtomicCheckpoints, "atomic_checkpoints")
         parser.add_lightning_class_args(CheckpointOnSignal, "checkpoint_on_signal")
+        parser.add_lightning_class_args(LostRankWatchdog, "lost_rank_watchdog")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 
     def _parse_ckpt_path(self) -> None:
@@ -118,6 +125,13 @@ class ProjectCLI(LightningCLI):
         except SIGTERMException:  # stopped by a signal, after saving (CheckpointOnSignal): say which
             stopper = next((c for c in self.trainer.callbacks if isinstance(c, CheckpointOnSignal)), None)
             raise SystemExit(128 + (stopper.signum if stopper and stopper.signum else signal.SIGTERM)) from None
+        except RuntimeError:
+            # In a multi-process run, most often a collective failing because another rank died (gloo
+            # raises a plain RuntimeError): name that rank if this machine started it.
+            watchdog = next((c for c in self.trainer.callbacks if isinstance(c, LostRankWatchdog)), None)
+            if watchdog is not None:
+                watchdog.stop_if_lost(wait_seconds=3.0)
+            raise
         except (ProjectError, MisconfigurationException):
             if (
                 created is not None

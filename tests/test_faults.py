@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,14 +111,17 @@ def test_finite_losses_run_to_the_end(tmp_path: Path) -> None:
 
 
 class SignalAt(Callback):
-    """Sends this process ``signum`` at the end of optimizer step ``step``: a preemption notice
-    (SIGTERM) or a Ctrl-C (SIGINT) arriving in the middle of an epoch."""
+    """Sends this process ``signum`` at the end of optimizer step ``step`` (on global rank ``rank`` only,
+    if given): a preemption notice (SIGTERM), a Ctrl-C (SIGINT) or a hard kill (SIGKILL) arriving in
+    the middle of an epoch."""
 
-    def __init__(self, signum: int = signal.SIGTERM, step: int = 1) -> None:
-        self.signum, self.step = signum, step
+    def __init__(self, signum: int = signal.SIGTERM, step: int = 1, rank: int | None = None, mark: str = "") -> None:
+        self.signum, self.step, self.rank, self.mark = signum, step, rank, mark
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
+            if self.mark:  # when it happened, for the test to time what follows
+                Path(self.mark).write_text(str(time.time()))
             os.kill(os.getpid(), self.signum)
 
 
@@ -138,3 +144,57 @@ def test_a_signal_saves_a_checkpoint_and_the_run_resumes_from_it(
 
     resumed = main([*args, "--ckpt_path=last"])
     assert resumed.trainer.global_step == 16 and resumed.trainer.current_epoch == 2
+
+
+def ddp_fit(cwd: Path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    """A 2-process ddp fit on CPU (9 steps per epoch, 2 epochs) in a fresh process; and when it ended."""
+    data = ["--data.synthetic=true", "--data.synthetic_size=400", "--data.val_size=40", "--data.image_size=32"]
+    trainer = ["--trainer.strategy=ddp", "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_epochs=2"]
+    command = [sys.executable, "-m", "project", "fit", *data, "--data.batch_size=40", "--data.num_workers=0", *trainer]
+    result = subprocess.run(
+        [*command, "--trainer.enable_progress_bar=false", *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},  # for SignalAt
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return result, time.time()
+
+
+def kill_rank(rank: int, mark: Path) -> list[str]:
+    callback = [f"--trainer.callbacks+={__name__}.SignalAt", f"--trainer.callbacks.signum={int(signal.SIGKILL)}"]
+    return [
+        *callback,
+        "--trainer.callbacks.step=12",
+        f"--trainer.callbacks.rank={rank}",
+        f"--trainer.callbacks.mark={mark}",
+    ]
+
+
+@pytest.mark.slow
+def test_a_dead_rank_stops_the_run_is_named_and_the_run_resumes(tmp_path: Path) -> None:
+    result, ended = ddp_fit(tmp_path, *kill_rank(1, tmp_path / "killed"))
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert ended - float((tmp_path / "killed").read_text()) < 60
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: rank 1 of 2 died (killed by SIGKILL); stopping rank 0 too. Resume with the same command and "
+        "--ckpt_path=last"
+    ]
+    assert "Traceback" not in result.stderr
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    assert torch.load(checkpoints / "last.ckpt", weights_only=False)["global_step"] == 9  # epoch 0's
+
+    resumed, _ = ddp_fit(tmp_path, "--ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = torch.load(tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert (final["epoch"], final["global_step"]) == (1, 18)
+
+
+@pytest.mark.slow
+def test_when_rank_zero_dies_the_rank_it_started_stops_and_says_so(tmp_path: Path) -> None:
+    result, ended = ddp_fit(tmp_path, *kill_rank(0, tmp_path / "killed"))  # returns when rank 1 is gone too
+    assert result.returncode == -signal.SIGKILL
+    assert ended - float((tmp_path / "killed").read_text()) < 60
+    assert "error: rank 0 of 2, which started this process, died; stopping rank 1 too" in result.stderr
