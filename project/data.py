@@ -6,6 +6,11 @@ standard augmentation at any ``image_size`` (the material upscales 32 px to 112 
 ``synthetic=True`` swaps in random CIFAR-shaped data that needs no disk and no network.
 
 ``batch_size`` is the GLOBAL batch: the data module splits it across the processes of the run.
+
+Training is reproducible whatever the number of DataLoader workers, and can resume in the middle of
+an epoch: the order of an epoch and the augmentation of every image depend only on
+``(seed, epoch, image index)`` (see :class:`TrainingSampler` and :mod:`project.augment`).
+``on_device=True`` keeps the whole data set on the accelerator and augments there, in batches.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import shutil
 import tarfile
 import tempfile
 import urllib.request
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +35,8 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
-from torchvision.transforms import v2
 
+from project.augment import augment, draw_crops_and_flips, to_model_input
 from project.errors import DataError
 from project.log import get_logger
 
@@ -44,10 +51,6 @@ TEST_FILE = "test_batch"
 META_FILE = "batches.meta"
 NUM_CLASSES = 10
 IMAGE_SHAPE = (32, 32, 3)  # height, width, channels: the on-disk layout after reshaping
-
-# Per-channel statistics of the CIFAR-10 training set, for normalisation.
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
 # --------------------------------------------------------------------------- reading the files
@@ -187,6 +190,147 @@ class ImageArrayDataset(Dataset):
         return image, int(self.labels[index])
 
 
+class EpochIndex(int):
+    """An image index that also carries the ``(seed, epoch)`` it is drawn for, so that the image's
+    augmentation can be looked up wherever the index goes -- in a DataLoader worker that was started
+    epochs ago, too. It is an ``int`` everywhere else (equal to, hashed and JSON-encoded as its
+    index).
+
+    >>> key = EpochIndex(7, seed=42, epoch=3)
+    >>> key == 7, key.epoch, key
+    (True, 3, EpochIndex(7, seed=42, epoch=3))
+    """
+
+    seed: int
+    epoch: int
+
+    def __new__(cls, index: int, seed: int, epoch: int) -> EpochIndex:
+        key = super().__new__(cls, index)
+        key.seed, key.epoch = seed, epoch
+        return key
+
+    def __reduce__(self) -> tuple[type, tuple[int, int, int]]:  # to and from the worker processes
+        return EpochIndex, (int(self), self.seed, self.epoch)
+
+    def __repr__(self) -> str:
+        return f"EpochIndex({int(self)}, seed={self.seed}, epoch={self.epoch})"
+
+
+class TrainingSampler(DistributedSampler):
+    """This process's share of the training images for one epoch, as :class:`EpochIndex` keys.
+
+    The order is DistributedSampler's: the images shuffled by ``seed + epoch``, dealt out to the
+    ``num_replicas`` processes in turn, the few that do not divide evenly left out this epoch
+    (``drop_last``). Lightning calls :meth:`set_epoch` before every epoch, so every process sees a
+    disjoint shard, reshuffled each epoch, and a resumed run sees the order of an unbroken one.
+
+    To resume in the middle of an epoch, :meth:`resume_at` leaves out the batches the interrupted
+    run had trained on. ``len()`` stays the length of the whole shard: Lightning counts those
+    batches as done already.
+
+    >>> sampler = TrainingSampler(range(6), batch_size=2, num_replicas=1, rank=0, seed=0)
+    >>> sampler.set_epoch(1)
+    >>> order = list(sampler)
+    >>> sampler.resume_at(epoch=1, batches_done=2)
+    >>> list(sampler) == order[4:], len(sampler), order[4]
+    (True, 6, EpochIndex(3, seed=0, epoch=1))
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.batch_size = batch_size
+        self.batches_done = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Shuffle for ``epoch``. Moving to another epoch starts it from its first batch; setting the
+        epoch it is at already (as Lightning does after :meth:`resume_at`) keeps the batches done."""
+        if epoch != self.epoch:
+            self.batches_done = 0
+        super().set_epoch(epoch)
+
+    def resume_at(self, epoch: int, batches_done: int) -> None:
+        """Go to ``epoch`` and leave out the first ``batches_done`` batches of this process's shard
+        in every iteration until :meth:`set_epoch` moves to another epoch.
+
+        For a callback that resumes a run from a checkpoint taken in the middle of an epoch. The
+        sampler is ``trainer.train_dataloader.sampler``. In ``on_train_start`` (Lightning calls no
+        ``on_train_epoch_start`` for an epoch it resumes mid-way), call
+        ``resume_at(trainer.current_epoch, batches_done)`` with the batches of that epoch the
+        checkpoint has trained on, then ``iter()`` Lightning's data fetcher, whose iterator was made
+        before the checkpoint was loaded. The next image is then the one the interrupted run would
+        have trained on next, with the same augmentation, whatever ``num_workers``.
+        """
+        batches = len(self) // self.batch_size
+        if not 0 <= batches_done <= batches:
+            raise ValueError(f"cannot resume after {batches_done} batches: an epoch has {batches} on this process")
+        super().set_epoch(epoch)
+        self.batches_done = batches_done
+
+    def __iter__(self) -> Iterator[EpochIndex]:
+        order = list(super().__iter__())[self.batches_done * self.batch_size :]
+        return (EpochIndex(index, self.seed, self.epoch) for index in order)
+
+
+def crop_and_flip_of(key: EpochIndex, count: int) -> np.ndarray:
+    """``(dy, dx, flip)`` of training image ``key`` of ``count`` in the key's epoch and run."""
+    if not isinstance(key, EpochIndex):
+        raise TypeError(f"training images are drawn by EpochIndex (from a TrainingSampler), not {key!r}")
+    return draw_crops_and_flips(key.seed, key.epoch, count)[key]
+
+
+class AugmentedImages(ImageArrayDataset):
+    """The training images, each item ``key`` (an :class:`EpochIndex`) augmented with the crop and
+    flip that :func:`project.augment.draw_crops_and_flips` gives image ``key`` in epoch
+    ``key.epoch`` of a run seeded ``key.seed``: the same tensor whichever worker loads it, in
+    whatever order, and the same as ``--data.on_device=true`` makes of it.
+
+    >>> ds = AugmentedImages(np.zeros((3, 32, 32, 3), np.uint8), np.array([3, 7, 1]), image_size=48)
+    >>> image, label = ds[EpochIndex(1, seed=0, epoch=0)]
+    >>> tuple(image.shape), label
+    ((3, 48, 48), 7)
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, image_size: int) -> None:
+        super().__init__(images, labels)
+        self.image_size = image_size
+
+    def __getitem__(self, key: EpochIndex) -> tuple[torch.Tensor, int]:
+        params = torch.tensor(crop_and_flip_of(key, len(self)))[None]
+        image = torch.from_numpy(self.images[key : key + 1]).permute(0, 3, 1, 2)
+        return augment(image, params, self.image_size)[0], int(self.labels[key])
+
+
+class Indices(Dataset):
+    """For ``--data.on_device=true``: item ``i`` is just ``i``; the images wait on the accelerator
+    and :meth:`CIFAR10DataModule.on_after_batch_transfer` looks them up there.
+
+    >>> default_collate([Indices(5)[i] for i in (4, 1)]).tolist()
+    [4, 1]
+    """
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> int:
+        return int(index)
+
+
+class AugmentKeys(Indices):
+    """For ``--data.on_device=true`` training: item ``key`` (an :class:`EpochIndex`) is
+    ``[index, dy, dx, flip]``, the image and the augmentation :class:`AugmentedImages` would give
+    it, drawn here on the CPU so the accelerator never waits on a look-up.
+
+    >>> AugmentKeys(5)[EpochIndex(2, seed=0, epoch=0)].tolist() == [2, *draw_crops_and_flips(0, 0, 5)[2]]
+    True
+    """
+
+    def __getitem__(self, key: EpochIndex) -> torch.Tensor:
+        return torch.tensor([int(key), *crop_and_flip_of(key, self.count).tolist()])
+
+
 class IndexBatches(Dataset):
     """``dataset`` read a whole batch at a time: item ``[i, j, ...]`` is the collated batch of those
     images, for a DataLoader whose sampler yields lists of indices (``batch_size=None``).
@@ -247,17 +391,6 @@ class EvenBatchSampler(DistributedSampler):
         return len(self.batches)
 
 
-def build_transform(image_size: int, train: bool) -> v2.Compose:
-    """The standard CIFAR augmentation (random crop with 4 px padding, horizontal flip) applied at
-    the native 32 px, then the resize to ``image_size`` and normalisation. Augmenting before the
-    upscale is the same distribution of crops and flips, at a fraction of the cost."""
-    steps: list[Callable] = [v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()] if train else []
-    if image_size != 32:
-        steps.append(v2.Resize(image_size, antialias=True))
-    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
-    return v2.Compose(steps)
-
-
 # --------------------------------------------------------------------------- the data module
 
 
@@ -271,12 +404,17 @@ class CIFAR10DataModule(LightningDataModule):
             the material's upscaled one.
         batch_size: GLOBAL batch size: each of the run's N processes loads ``batch_size / N``.
         num_workers: DataLoader worker processes per training process; ``None`` picks
-            ``min(4, CPUs per process)``.
+            ``min(4, CPUs per process)``. Any number gives the same images: each image's
+            augmentation depends only on (seed, epoch, image index).
         val_size: Training images held out (a seeded random choice) for validation.
         synthetic: Use random images and labels instead of files: no disk, no network.
         synthetic_size: Training-set size of the synthetic data (its test set is a fifth of it).
         split_seed: Seed of the validation split and of the synthetic data; kept apart from the
             training seed so the split stays put when the training seed changes.
+        on_device: Keep all images (uint8, about 180 MB for CIFAR-10) on the accelerator and crop,
+            flip, resize and normalise whole batches there, with no DataLoader workers; the loaders
+            then carry only image indices. The same images as the default (``false``), made where
+            the CPU cannot hold back a fast accelerator.
     """
 
     def __init__(
@@ -290,6 +428,7 @@ class CIFAR10DataModule(LightningDataModule):
         synthetic: bool = False,
         synthetic_size: int = 50_000,
         split_seed: int = 0,
+        on_device: bool = False,
     ) -> None:
         super().__init__()
         for name, value, low in (
@@ -304,10 +443,14 @@ class CIFAR10DataModule(LightningDataModule):
             raise DataError(
                 f"data.num_workers={num_workers} is not allowed: use an integer >= 0, or null for automatic"
             )
+        if on_device and num_workers:
+            log.warning("data.num_workers=%d is ignored: data.on_device=true needs no workers", num_workers)
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
         self.label_names: list[str] = [str(i) for i in range(NUM_CLASSES)]
         self._datasets: dict[str, ImageArrayDataset] = {}
+        # on_device: each split's images (uint8, N x 3 x 32 x 32) and labels on the accelerator
+        self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def num_classes(self) -> int:
@@ -375,10 +518,29 @@ class CIFAR10DataModule(LightningDataModule):
                 )
             order = np.random.default_rng(self.hparams.split_seed).permutation(len(images))
             val, train = order[: self.hparams.val_size], order[self.hparams.val_size :]
-            self._datasets["train"] = ImageArrayDataset(images[train], labels[train], build_transform(size, train=True))
-            self._datasets["val"] = ImageArrayDataset(images[val], labels[val], build_transform(size, train=False))
+            self._datasets["train"] = AugmentedImages(images[train], labels[train], size)
+            self._datasets["val"] = ImageArrayDataset(
+                images[val], labels[val], partial(to_model_input, image_size=size)
+            )
         if stage in ("test", "predict") and "test" not in self._datasets:
-            self._datasets["test"] = ImageArrayDataset(*self._load(train=False), build_transform(size, train=False))
+            test = ImageArrayDataset(*self._load(train=False), partial(to_model_input, image_size=size))
+            self._datasets["test"] = test
+        if self.hparams.on_device:
+            self._move_to_device({"fit": ("train", "val"), "validate": ("val",)}.get(stage, ("test",)))
+
+    def _move_to_device(self, splits: tuple[str, ...]) -> None:
+        """on_device: copy the images and labels of ``splits`` to the accelerator, once. Lightning
+        sets up the strategy (and so the device of this process) before the data."""
+        if self.trainer is None:
+            raise DataError("data.on_device=true needs a Trainer, whose accelerator holds the images")
+        device = self.trainer.strategy.root_device
+        for split in splits:
+            if split not in self._on_device:
+                dataset = self._datasets[split]
+                images = torch.from_numpy(dataset.images).to(device).permute(0, 3, 1, 2).contiguous()
+                self._on_device[split] = images, torch.from_numpy(dataset.labels).to(device)
+        # Lightning advises more workers for a loader with fewer than 2; these carry indices only.
+        warnings.filterwarnings("ignore", message=r"The '\w+_dataloader' does not have many workers")
 
     def _load(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
         """Images and labels of the training files or of the test file (or their synthetic twin)."""
@@ -395,12 +557,24 @@ class CIFAR10DataModule(LightningDataModule):
     # -- loaders -----------------------------------------------------------------------------
 
     def _loader(self, split: str, train: bool = False, predict: bool = False) -> DataLoader:
-        dataset = self._datasets[split]
+        dataset: Dataset = self._datasets[split]
+        if self.hparams.on_device:  # indices only: on_after_batch_transfer makes them images
+            dataset = AugmentKeys(len(dataset)) if train else Indices(len(dataset))
         world = self.world_size
         rank = self.trainer.global_rank if self.trainer is not None else 0
         workers = self.num_workers
         on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        common = {"num_workers": workers, "pin_memory": on_cuda, "persistent_workers": workers > 0}
+        pin = on_cuda and not self.hparams.on_device  # index batches are too small to gain from it
+        # A generator of its own: a DataLoader draws its workers' base seed when it starts iterating,
+        # from torch's global generator by default, and how often it does (once with persistent
+        # workers, every epoch without) would then shift the dropout masks the model draws after it.
+        # Nothing in loading is random otherwise: the samplers and the augmentation have their own seeds.
+        common = {
+            "num_workers": workers,
+            "pin_memory": pin,
+            "persistent_workers": workers > 0,
+            "generator": torch.Generator().manual_seed(0),
+        }
         if world > 1 and not train and not predict:
             # Every image exactly once across the ranks (the default sampler pads the last shard with
             # repeats), so distributed val/test metrics equal a single-process evaluation; and as many
@@ -413,11 +587,10 @@ class CIFAR10DataModule(LightningDataModule):
             # Lightning advances with set_epoch every epoch, so every rank sees a disjoint shard,
             # reshuffled each epoch, and a resumed run sees the same order as an unbroken one.
             # drop_last: the few images that do not divide across the ranks sit this epoch out (as
-            # an incomplete last batch does) instead of being repeated on some rank.
+            # an incomplete last batch does) instead of being repeated on some rank. The sampler also
+            # hands each image its augmentation's (seed, epoch), and can start an epoch mid-way.
             seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-            sampler = DistributedSampler(
-                dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True
-            )
+            sampler = TrainingSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank, seed=seed)
         elif world > 1:
             # predict: every image once, in batches of batch_size, which Lightning can track the image
             # indices of (it does so only for a loader that batches by itself).
@@ -432,6 +605,8 @@ class CIFAR10DataModule(LightningDataModule):
 
     @property
     def num_workers(self) -> int:
+        if self.hparams.on_device:
+            return 0
         if self.hparams.num_workers is not None:
             return self.hparams.num_workers
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -449,3 +624,20 @@ class CIFAR10DataModule(LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader("test", predict=True)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """on_device: turn a batch of indices, now on the accelerator, into ``(images, labels)``:
+        training batches (rows ``[index, dy, dx, flip]``, see :class:`AugmentKeys`) cropped, flipped,
+        resized and normalised, evaluation batches resized and normalised, all in one go. The
+        result is converted as Lightning converts a loaded batch for the run's precision."""
+        if not self.hparams.on_device:
+            return batch
+        size = self.hparams.image_size
+        if self.trainer.training:
+            images, labels = self._on_device["train"]
+            index = batch[:, 0]
+            batch = augment(images[index], batch[:, 1:], size), labels[index]
+        else:
+            images, labels = self._on_device["test" if self.trainer.testing or self.trainer.predicting else "val"]
+            batch = to_model_input(images[batch], size), labels[batch]
+        return self.trainer.precision_plugin.convert_input(batch)

@@ -1,4 +1,6 @@
-"""The data module on generated official-format files: reading, checking, splitting, downloading."""
+"""The data module on generated official-format files: reading, checking, splitting, downloading;
+augmentation that depends on (seed, epoch, image index) only, epochs that start mid-way, and
+``on_device``."""
 
 from __future__ import annotations
 
@@ -7,22 +9,31 @@ import shutil
 import urllib.error
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.precision import Precision
+from torch.utils.data import DataLoader
 
 from project import data as data_module
+from project.cli import main
 from project.data import (
     BASE_FOLDER,
     CIFAR10DataModule,
-    build_transform,
+    EpochIndex,
+    TrainingSampler,
     download_cifar10,
     read_batch,
     read_label_names,
 )
 from project.errors import DataError
 from tests.conftest import LABEL_NAMES, TEST_IMAGES, TRAIN_PER_FILE
+from tests.test_strategies import recorded, recorder_args
+from tests.test_strategy_runs import evaluate, metrics, run_project
 
 
 def make_dm(root: Path, **kwargs) -> CIFAR10DataModule:
@@ -31,8 +42,19 @@ def make_dm(root: Path, **kwargs) -> CIFAR10DataModule:
 
 
 def attach(dm: CIFAR10DataModule, world_size: int = 1, rank: int = 0) -> CIFAR10DataModule:
-    """Give the data module the few trainer attributes it reads, as a run of `world_size` would."""
-    dm.trainer = SimpleNamespace(world_size=world_size, global_rank=rank, num_devices=world_size, accelerator=None)
+    """Give the data module the few trainer attributes it reads, as a training process of a CPU run
+    of `world_size` would."""
+    dm.trainer = SimpleNamespace(
+        world_size=world_size,
+        global_rank=rank,
+        num_devices=world_size,
+        accelerator=None,
+        strategy=SimpleNamespace(root_device=torch.device("cpu")),
+        precision_plugin=Precision(),
+        training=True,
+        testing=False,
+        predicting=False,
+    )
     return dm
 
 
@@ -82,13 +104,98 @@ def test_loaders_give_normalised_batches_at_image_size(cifar_root: Path) -> None
     assert test_images.shape[-2:] == (48, 48)  # tested at the size it was trained at
 
 
-def test_train_augmentation_crops_and_flips_but_evaluation_does_not() -> None:
-    image = torch.arange(3 * 32 * 32, dtype=torch.int64).reshape(3, 32, 32).to(torch.uint8)
-    train, evaluate = build_transform(32, train=True), build_transform(32, train=False)
-    torch.manual_seed(0)
-    assert any(not torch.equal(train(image), train(image)) for _ in range(5))
-    assert torch.equal(evaluate(image), evaluate(image))
-    assert build_transform(112, train=True)(image).shape == (3, 112, 112)
+def test_training_images_are_augmented_per_epoch_but_evaluation_images_are_not(cifar_root: Path) -> None:
+    dm = attach(make_dm(cifar_root))
+    dm.setup("fit")
+    train, val = dm._datasets["train"], dm._datasets["val"]
+    epochs = [torch.stack([train[EpochIndex(i, seed=0, epoch=e)][0] for i in range(20)]) for e in (0, 1)]
+    plain = torch.stack([val.transform(torch.from_numpy(train.images[i]).permute(2, 0, 1)) for i in range(20)])
+    assert (epochs[0] != plain).flatten(1).any(1).sum() > 10  # cropped or flipped: most images change
+    assert (epochs[0] != epochs[1]).flatten(1).any(1).sum() > 10  # and differently each epoch
+    assert torch.equal(val[3][0], val[3][0])
+    with pytest.raises(TypeError, match="EpochIndex"):
+        train[3]  # a plain index says nothing of the epoch
+
+
+def images_by_index(loader: DataLoader, epoch: int) -> dict[int, torch.Tensor]:
+    """Every image the loader gives in ``epoch``, keyed by its index (read from the sampler)."""
+    loader.sampler.set_epoch(epoch)
+    order = [int(i) for i in loader.sampler]
+    images = torch.cat([batch[0] for batch in loader])
+    return dict(zip(order, images, strict=False))  # drop_last: the order may be longer
+
+
+def test_an_image_gets_the_same_augmentation_whatever_worker_loads_it(cifar_root: Path) -> None:
+    loaders = []
+    for workers in (0, 2):
+        dm = attach(make_dm(cifar_root, num_workers=workers))
+        dm.setup("fit")
+        loaders.append(dm.train_dataloader())
+    assert loaders[1].persistent_workers  # the workers outlive epoch 0: the epoch travels with the index
+    for epoch in (0, 1):
+        in_process, in_workers = (images_by_index(loader, epoch) for loader in loaders)
+        assert in_process.keys() == in_workers.keys()
+        for index, image in in_process.items():
+            assert torch.equal(image, in_workers[index]), index
+    train = dm._datasets["train"]
+    index = next(iter(in_process))  # epoch 1's first image, read alone, after every other image
+    assert torch.equal(train[EpochIndex(index, seed=0, epoch=1)][0], in_process[index])
+    assert not torch.equal(train[EpochIndex(index, seed=0, epoch=0)][0], in_process[index])
+
+
+def test_an_epoch_can_resume_at_any_batch_until_the_next_epoch(cifar_root: Path) -> None:
+    dm = attach(make_dm(cifar_root))
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    sampler = loader.sampler
+    assert isinstance(sampler, TrainingSampler) and sampler.batch_size == 20
+    sampler.set_epoch(3)
+    order, batches = list(sampler), [images for images, _ in loader]
+    sampler.set_epoch(0)
+    sampler.resume_at(epoch=3, batches_done=5)
+    assert list(sampler) == order[100:] and len(sampler) == len(order)  # the shard's length: Lightning counts
+    assert all(torch.equal(a, b) for a, b in zip([images for images, _ in loader], batches[5:], strict=True))
+    sampler.set_epoch(3)  # Lightning sets the epoch it resumes (after the callback has called resume_at)
+    assert list(sampler) == order[100:]
+    sampler.set_epoch(4)
+    assert len(list(sampler)) == len(order)  # the next epoch is whole
+    sampler.set_epoch(3)
+    assert list(sampler) == order  # and so is epoch 3 run again
+    with pytest.raises(ValueError, match="cannot resume after 9 batches: an epoch has 8 on this process"):
+        sampler.resume_at(epoch=3, batches_done=9)
+
+
+class BatchRecorder(Callback):
+    """Records a checksum of every training batch; with ``crash_at`` fails at that batch of epoch 1.
+    (The resume itself is the CLI's: project.reproducibility.ReseedEveryEpoch.)"""
+
+    def __init__(self, crash_at: int = -1) -> None:
+        self.crash_at, self.batches = crash_at, {}
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if trainer.current_epoch == 1 and batch_idx == self.crash_at:
+            raise RuntimeError("simulated crash")
+        self.batches[trainer.current_epoch, batch_idx] = float(batch[0].double().sum())
+
+
+def recorded_batches(cli: LightningCLI) -> dict[tuple[int, int], float]:
+    return next(c for c in cli.trainer.callbacks if isinstance(c, BatchRecorder)).batches
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [["--data.num_workers=2"], ["--data.on_device=true"]], ids=["workers", "on_device"])
+def test_a_run_resumed_mid_epoch_trains_on_the_batches_of_an_unbroken_one(
+    tiny_args: list[str], tmp_path: Path, options: list[str]
+) -> None:
+    common = [*tiny_args, *options, "--trainer.max_epochs=2", "--trainer.limit_train_batches=5"]
+    common += ["--trainer.limit_val_batches=1", "--trainer.num_sanity_val_steps=0"]
+    common += ["--checkpoint.every_n_train_steps=1", f"--trainer.callbacks+={__name__}.BatchRecorder"]
+    unbroken = recorded_batches(main(["fit", *common]))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        main(["fit", *common, "--trainer.callbacks.crash_at=3"])
+    resumed = recorded_batches(main(["fit", *common, "--ckpt_path=last"]))
+    assert list(resumed) == [(1, 3), (1, 4)]  # epoch 1 from its 4th batch on
+    assert resumed == {key: unbroken[key] for key in resumed}
 
 
 def test_global_batch_is_split_across_processes(cifar_root: Path) -> None:
@@ -99,18 +206,23 @@ def test_global_batch_is_split_across_processes(cifar_root: Path) -> None:
     assert loader.batch_size == 10
 
 
-def test_ranks_see_disjoint_shards_reshuffled_per_epoch(cifar_root: Path) -> None:
+@pytest.mark.parametrize("on_device", [False, True])
+def test_ranks_see_disjoint_shards_reshuffled_per_epoch(cifar_root: Path, on_device: bool) -> None:
     orders = {}
     for rank in (0, 1):
-        dm = attach(make_dm(cifar_root), world_size=2, rank=rank)
+        dm = attach(make_dm(cifar_root, on_device=on_device), world_size=2, rank=rank)
         dm.setup("fit")
         sampler = dm.train_dataloader().sampler
         sampler.set_epoch(0)
         first = list(sampler)
         sampler.set_epoch(1)
-        orders[rank] = (first, list(sampler))
+        second = list(sampler)
+        sampler.resume_at(epoch=1, batches_done=2)
+        orders[rank] = (first, second, list(sampler))
     assert not set(orders[0][0]) & set(orders[1][0])
+    assert len(orders[0][0]) == len(orders[1][0]) == 80
     assert orders[0][0] != orders[0][1]
+    assert all(order[2] == order[1][20:] for order in orders.values())  # 2 batches of 10 left out on each rank
 
 
 def test_batch_size_that_does_not_divide_is_refused(cifar_root: Path) -> None:
@@ -242,3 +354,73 @@ def test_synthetic_data_needs_no_files(tmp_path: Path) -> None:
     images, labels = next(iter(dm.train_dataloader()))
     assert images.shape == (20, 3, 32, 32) and int(labels.max()) < 10
     assert not (tmp_path / "never-created").exists()
+
+
+# --------------------------------------------------------------------------- on_device
+
+
+def on_device_batches(dm: CIFAR10DataModule, loader: DataLoader, stage: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """What the model gets from an on_device loader in ``stage``: each batch of indices through the
+    hook Lightning calls after moving it to the device (here the CPU)."""
+    dm.trainer.training, dm.trainer.testing = stage == "train", stage == "test"
+    return [dm.on_after_batch_transfer(batch, dataloader_idx=0) for batch in loader]
+
+
+@pytest.mark.parametrize("world_size, rank", [(1, 0), (2, 1)])
+def test_on_device_gives_the_images_of_the_default_path(cifar_root: Path, world_size: int, rank: int) -> None:
+    default, on_device = (
+        attach(make_dm(cifar_root, image_size=48, on_device=flag), world_size, rank) for flag in (False, True)
+    )
+    for dm in (default, on_device):
+        dm.setup("fit")
+        dm.setup("test")
+    assert on_device._on_device["train"][0].shape == (160, 3, 32, 32)  # uint8, on the (CPU) device
+    for stage in ("train", "val", "test"):
+        loaders = [getattr(dm, f"{stage}_dataloader")() for dm in (default, on_device)]
+        if stage == "train":
+            for loader in loaders:
+                loader.sampler.set_epoch(2)
+        expected, actual = list(loaders[0]), on_device_batches(on_device, loaders[1], stage)
+        assert len(actual) == len(expected) > 0
+        for (images, labels), (want_images, want_labels) in zip(actual, expected, strict=True):
+            torch.testing.assert_close(images, want_images, rtol=0, atol=1e-6)
+            assert torch.equal(labels, want_labels)
+    assert loaders[1].num_workers == 0
+
+
+def test_on_device_fit_equals_the_default_one_and_evaluates(tiny_args: list[str], tmp_path: Path) -> None:
+    common = [*tiny_args, "--trainer.max_epochs=2", "--trainer.limit_train_batches=3", "--trainer.deterministic=true"]
+    fits = {
+        flag: main(["fit", *common, f"--data.on_device={flag}", f"--trainer.default_root_dir={tmp_path / flag}"])
+        for flag in ("false", "true")
+    }
+    weights = {flag: cli.model.state_dict() for flag, cli in fits.items()}
+    for name, expected in weights["false"].items():  # the same images, so the same training
+        torch.testing.assert_close(weights["true"][name], expected, rtol=0, atol=0, msg=name)
+    val_acc = {flag: cli.trainer.callback_metrics["val/acc"] for flag, cli in fits.items()}
+    assert val_acc["true"] == val_acc["false"]
+
+    root = [f"--trainer.default_root_dir={tmp_path / 'true'}", "--data.on_device=true", "--ckpt_path=last"]
+    tested = main(["test", *common, *root]).trainer.callback_metrics
+    assert {"test/loss", "test/acc"} <= tested.keys()
+    predicted = main(["predict", *common, *root])
+    with open(Path(predicted.trainer.log_dir) / "predictions.csv") as f:
+        assert len(f.readlines()) == 1 + TEST_IMAGES
+
+
+@pytest.mark.slow
+def test_on_device_under_two_process_ddp_shards_training_and_evaluates_every_image_once(
+    tiny_args: list[str], cifar_root: Path, tmp_path: Path
+) -> None:
+    common = [*tiny_args, "--data.on_device=true", "--data.val_size=41", "--trainer.strategy=ddp"]
+    common += ["--trainer.devices=2", "--trainer.num_sanity_val_steps=0"]
+    out = tmp_path / "records"
+    run_project(
+        "fit", *common, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", *recorder_args(out), cwd=tmp_path
+    )
+    ranks = [recorded(out, "fit", rank) for rank in (0, 1)]
+    shards = [set(r["train_order"][0]) for r in ranks]
+    assert not shards[0] & shards[1] and len(shards[0]) == len(shards[1]) == 79  # 159 images: one sits out
+    assert all(r["batch_sizes"] == [10, 10] for r in ranks)  # the global batch of 20, split
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert metrics(out, "fit", "val") == pytest.approx(evaluate(last, cifar_root, "val"), rel=1e-5)

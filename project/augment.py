@@ -1,0 +1,87 @@
+"""The CIFAR augmentation as pure functions of (seed, epoch, image index), batched, on any device.
+
+The standard CIFAR augmentation is a random 32 px crop of the image padded by 4 px of zeros, then
+a horizontal flip half of the time. Here the randomness is drawn up front: one table per
+``(seed, epoch)`` gives every training image its crop offset and flip
+(:func:`draw_crops_and_flips`), and :func:`crop_and_flip` applies given parameters. So an image's
+augmentation depends on nothing else -- not on which DataLoader worker loads it, nor in what order,
+nor on whether a resumed run skipped the batches before it -- and a batch of images can be
+augmented at once on the accelerator (``--data.on_device=true``) with the same result as one
+image at a time in a worker.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from torchvision.transforms.v2 import functional as F
+
+# Per-channel statistics of the CIFAR-10 training set, for normalisation.
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+PADDING = 4  # px of zeros around the image before cropping: offsets 0..8 on each axis
+
+
+@functools.lru_cache(maxsize=2)
+def draw_crops_and_flips(seed: int, epoch: int, count: int, padding: int = PADDING) -> np.ndarray:
+    """The augmentation of every one of ``count`` training images in one epoch: row ``i`` is
+    ``(dy, dx, flip)`` for image ``i``, with the crop offsets ``dy, dx`` uniform in
+    ``0..2 * padding`` and ``flip`` 0 or 1, all independent (the distribution of torchvision's
+    ``RandomCrop(padding=4)`` followed by ``RandomHorizontalFlip()``).
+
+    Cached (45,000 images make a 1 MB table): every image of an epoch reads the same table.
+
+    >>> table = draw_crops_and_flips(seed=0, epoch=3, count=5)
+    >>> table.shape, table.dtype.name, bool((table == draw_crops_and_flips(0, 3, 5)).all())
+    ((5, 3), 'int64', True)
+    """
+    rng = np.random.default_rng([seed, epoch])
+    table = rng.integers(0, [2 * padding + 1, 2 * padding + 1, 2], size=(count, 3), dtype=np.int64)
+    table.flags.writeable = False  # shared by every caller through the cache
+    return table
+
+
+def crop_and_flip(images: torch.Tensor, params: torch.Tensor, padding: int = PADDING) -> torch.Tensor:
+    """Crop each of ``images`` (uint8 ``(N, C, H, W)``), padded by ``padding`` px of zeros, to
+    ``H x W`` at offset ``params[n, :2]`` (``dy, dx``), and flip it horizontally where
+    ``params[n, 2]`` is 1. One gather for the whole batch, on the images' device.
+
+    >>> image = torch.arange(1, 10, dtype=torch.uint8).reshape(1, 1, 3, 3)
+    >>> crop_and_flip(image, torch.tensor([[0, 0, 0]]), padding=1)[0, 0].tolist()  # shifted down-right
+    [[0, 0, 0], [0, 1, 2], [0, 4, 5]]
+    >>> crop_and_flip(image, torch.tensor([[1, 1, 1]]), padding=1)[0, 0].tolist()  # centred, flipped
+    [[3, 2, 1], [6, 5, 4], [9, 8, 7]]
+    """
+    count, channels, height, width = images.shape
+    device = images.device
+    params = params.to(device)
+    padded = torch.nn.functional.pad(images, (padding, padding, padding, padding))
+    rows = params[:, 0:1] + torch.arange(height, device=device)  # (N, H)
+    cols = params[:, 1:2] + torch.arange(width, device=device)  # (N, W)
+    cols = torch.where(params[:, 2:3].bool(), cols.flip(1), cols)
+    batch = torch.arange(count, device=device)[:, None, None, None]
+    channel = torch.arange(channels, device=device)[None, :, None, None]
+    return padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+def to_model_input(images: torch.Tensor, image_size: int) -> torch.Tensor:
+    """uint8 images ``(..., 3, H, W)`` as the network takes them: resized (antialiased) to
+    ``image_size`` square, scaled to 0..1 and normalised with the CIFAR-10 statistics. The same
+    steps as ``v2.Compose([v2.Resize(image_size), v2.ToDtype(float32, scale=True), v2.Normalize])``,
+    for one image or a batch.
+
+    >>> to_model_input(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), 112).shape
+    torch.Size([2, 3, 112, 112])
+    """
+    if images.shape[-2:] != (image_size, image_size):
+        images = F.resize(images, [image_size, image_size], antialias=True)
+    return F.normalize(F.to_dtype(images, torch.float32, scale=True), CIFAR10_MEAN, CIFAR10_STD)
+
+
+def augment(images: torch.Tensor, params: torch.Tensor, image_size: int) -> torch.Tensor:
+    """Training images ready for the network: :func:`crop_and_flip` at the native size (the same
+    distribution as augmenting after the upscale, at a fraction of the cost), then
+    :func:`to_model_input`."""
+    return to_model_input(crop_and_flip(images, params), image_size)

@@ -1,0 +1,66 @@
+"""The augmentation as functions of (seed, epoch, image index): the torchvision distribution, the
+torchvision steps, and the same result one image at a time or in a batch."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+from project.augment import CIFAR10_MEAN, CIFAR10_STD, augment, crop_and_flip, draw_crops_and_flips, to_model_input
+
+EVERY_CROP_AND_FLIP = torch.tensor(list(itertools.product(range(9), range(9), range(2))))  # 81 offsets x 2 flips
+
+
+def random_images(count: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 256, (count, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def test_crop_and_flip_is_torchvisions_padded_crop_then_flip_for_every_parameter() -> None:
+    image = random_images(1)[0]
+    batch = image.expand(len(EVERY_CROP_AND_FLIP), -1, -1, -1)
+    out = crop_and_flip(batch, EVERY_CROP_AND_FLIP)
+    padded = F.pad(image, [4])  # RandomCrop(32, padding=4): zeros around, then a 32 px window
+    for (dy, dx, flip), got in zip(EVERY_CROP_AND_FLIP.tolist(), out, strict=True):
+        expected = F.crop(padded, dy, dx, 32, 32)
+        assert torch.equal(got, F.horizontal_flip(expected) if flip else expected), (dy, dx, flip)
+
+
+def test_draws_are_uniform_over_the_81_offsets_and_2_flips() -> None:
+    # 162 cells, 500 draws expected in each. The seed is fixed, so this cannot flake; the bound on
+    # chi-square (161 degrees of freedom, mean 161, sd 18) would reject a wrong distribution.
+    table = draw_crops_and_flips(seed=1234, epoch=5, count=162 * 500)
+    assert table.min(axis=0).tolist() == [0, 0, 0] and table.max(axis=0).tolist() == [8, 8, 1]
+    cells = np.bincount(table[:, 0] * 18 + table[:, 1] * 2 + table[:, 2], minlength=162)
+    chi_square = ((cells - 500) ** 2 / 500).sum()
+    assert len(cells) == 162 and chi_square < 161 + 6 * 18
+    assert np.corrcoef(table.T.astype(float))[np.triu_indices(3, 1)].max() < 0.02  # independent axes
+
+
+def test_draws_depend_on_seed_and_epoch_only() -> None:
+    table = draw_crops_and_flips(seed=0, epoch=1, count=1000)
+    assert np.array_equal(table, draw_crops_and_flips.__wrapped__(0, 1, 1000))  # not an artefact of the cache
+    assert (table != draw_crops_and_flips(seed=0, epoch=2, count=1000)).any(axis=1).mean() > 0.9
+    assert (table != draw_crops_and_flips(seed=1, epoch=1, count=1000)).any(axis=1).mean() > 0.9
+    assert not table.flags.writeable  # shared through the cache: nobody may change it
+
+
+@pytest.mark.parametrize("image_size", [32, 112])
+def test_to_model_input_is_the_torchvision_evaluation_transform(image_size: int) -> None:
+    images = random_images(4)
+    steps = [v2.Resize(image_size, antialias=True)] if image_size != 32 else []
+    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
+    expected = torch.stack([v2.Compose(steps)(image) for image in images])
+    torch.testing.assert_close(to_model_input(images, image_size), expected, rtol=0, atol=1e-6)
+    assert torch.equal(to_model_input(images[0], image_size), to_model_input(images, image_size)[0])
+
+
+def test_a_batch_is_augmented_as_its_images_one_at_a_time() -> None:
+    images = random_images(16)
+    params = torch.from_numpy(draw_crops_and_flips(seed=3, epoch=0, count=16).copy())
+    one_by_one = torch.cat([augment(images[i : i + 1], params[i : i + 1], 48) for i in range(16)])
+    assert torch.equal(augment(images, params, 48), one_by_one)
