@@ -44,6 +44,7 @@ from project.errors import ProjectError
 from project.faults import (
     AtomicCheckpoints,
     CheckpointOnSignal,
+    FinalCheckpoint,
     FiniteLossGuard,
     LostRankWatchdog,
     check_checkpoint_file,
@@ -75,6 +76,7 @@ class ProjectCLI(LightningCLI):
         parser.add_lightning_class_args(FiniteLossGuard, "finite_loss_guard")
         parser.add_lightning_class_args(AtomicCheckpoints, "atomic_checkpoints")
         parser.add_lightning_class_args(CheckpointOnSignal, "checkpoint_on_signal")
+        parser.add_lightning_class_args(FinalCheckpoint, "final_checkpoint")
         parser.add_lightning_class_args(LostRankWatchdog, "lost_rank_watchdog")
         parser.add_lightning_class_args(PredictionWriter, "predictions")
 

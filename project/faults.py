@@ -121,6 +121,26 @@ class CheckpointOnSignal(Callback):
             self._previous_sigint = None
 
 
+class FinalCheckpoint(Callback):
+    """Make ``last.ckpt`` hold the weights training ended with.
+
+    ModelCheckpoint writes ``last.ckpt`` on its own schedule only: with
+    ``--checkpoint.every_n_train_steps=N`` it no longer saves at epoch ends, so a run whose length is
+    not a multiple of N would end with a ``last.ckpt`` up to N - 1 steps old, and
+    ``test --ckpt_path=last`` would test those older weights.
+    """
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        checkpoint = trainer.checkpoint_callback
+        if not isinstance(checkpoint, ModelCheckpoint) or not checkpoint.save_last or not checkpoint.dirpath:
+            return
+        if getattr(checkpoint, "_last_global_step_saved", None) == trainer.global_step:  # Lightning 2.x
+            return  # saved at this step already
+        trainer.save_checkpoint(
+            Path(checkpoint.dirpath) / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
+        )
+
+
 class LostRankWatchdog(Callback):
     """Stop a multi-process run within seconds when one of its processes dies, and say which.
 

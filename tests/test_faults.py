@@ -198,3 +198,35 @@ def test_when_rank_zero_dies_the_rank_it_started_stops_and_says_so(tmp_path: Pat
     assert result.returncode == -signal.SIGKILL
     assert ended - float((tmp_path / "killed").read_text()) < 60
     assert "error: rank 0 of 2, which started this process, died; stopping rank 1 too" in result.stderr
+
+
+@pytest.mark.slow
+def test_kill_9_mid_epoch_then_resume_ends_with_the_weights_of_an_unbroken_run(tiny_args: list[str], tmp_path: Path):
+    # 8 steps per epoch; a checkpoint every 3 steps; the kill comes at step 11, so the run resumes
+    # from step 9, in the middle of epoch 1. Worker processes on one side, none on the other: the
+    # result must not depend on them.
+    common = ["--trainer.max_epochs=2", "--trainer.deterministic=true", "--checkpoint.every_n_train_steps=3"]
+    main(["fit", *tiny_args, *common, f"--trainer.default_root_dir={tmp_path / 'unbroken'}"])
+
+    broken = [*tiny_args, *common, "--data.num_workers=2", f"--trainer.default_root_dir={tmp_path / 'broken'}"]
+    kill = [f"--trainer.callbacks+={__name__}.SignalAt", f"--trainer.callbacks.signum={int(signal.SIGKILL)}"]
+    result = subprocess.run(
+        [sys.executable, "-m", "project", "fit", *broken, *kill, "--trainer.callbacks.step=11"],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    last = tmp_path / "broken" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=False)["global_step"] == 9
+
+    main(["fit", *broken, "--ckpt_path=last"])
+    runs = [
+        tmp_path / name / "lightning_logs" / version
+        for name, version in (("unbroken", "version_0"), ("broken", "version_1"))
+    ]
+    expected, resumed = (torch.load(run / "checkpoints" / "last.ckpt", weights_only=False) for run in runs)
+    assert resumed["global_step"] == expected["global_step"] == 16
+    for name, tensor in expected["state_dict"].items():
+        torch.testing.assert_close(resumed["state_dict"][name], tensor, rtol=0, atol=0, msg=name)
