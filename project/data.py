@@ -157,9 +157,12 @@ def download_cifar10(data_dir: Path, url: str = CIFAR10_URL, md5: str = CIFAR10_
         with tarfile.open(archive) as tar:
             tar.extractall(staging, filter="data")
         target = data_dir / BASE_FOLDER
-        if not missing_files(target):
-            return  # another process finished first; its copy is as good as ours
-        os.replace(staging / BASE_FOLDER, target)
+        try:
+            if missing_files(target):  # else another process finished first; its copy is as good as ours
+                os.replace(staging / BASE_FOLDER, target)
+        except OSError:
+            if missing_files(target):  # it finished while we renamed: fine; anything else is a failure
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pickle
 import shutil
+import threading
 import urllib.error
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -328,6 +330,79 @@ def test_checksum_mismatch_keeps_no_partial_data(tmp_path: Path, cifar_archive: 
     with pytest.raises(ValueError, match="checksum mismatch"):
         download_cifar10(tmp_path, url=archive.as_uri(), md5="0" * 32)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_download_interrupted_half_way_leaves_nothing_that_loads(
+    tmp_path: Path, cifar_archive: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive, md5 = cifar_archive
+    real_urlopen = urllib.request.urlopen
+
+    class DropsHalfWay:
+        """The archive's first half, then the connection breaks."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.left = archive.read_bytes()[: archive.stat().st_size // 2]
+
+        def __enter__(self) -> DropsHalfWay:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def read(self, size: int) -> bytes:
+            if not self.left:
+                raise ConnectionResetError("connection reset by peer")
+            chunk, self.left = self.left[:size], self.left[size:]
+            return chunk
+
+    monkeypatch.setattr(data_module, "CIFAR10_URL", archive.as_uri())
+    monkeypatch.setattr(data_module, "CIFAR10_MD5", md5)
+    monkeypatch.setattr(data_module.urllib.request, "urlopen", DropsHalfWay)
+    with pytest.raises(DataError, match="connection reset by peer"):
+        make_dm(tmp_path, download=True).prepare_data()
+    assert list(tmp_path.iterdir()) == []  # no partial data set, no staging folder
+
+    monkeypatch.setattr(data_module.urllib.request, "urlopen", real_urlopen)
+    dm = attach(make_dm(tmp_path, download=True))
+    dm.prepare_data()  # the next start downloads again
+    dm.setup("test")
+    assert len(dm._datasets["test"]) == TEST_IMAGES
+
+
+def test_two_processes_downloading_at_once_both_succeed(
+    tmp_path: Path, cifar_archive: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ranks (or two runs) preparing the same data_dir: both download, then both find the data
+    missing and rename their copy into place at the same moment. One rename wins; the other must
+    see a complete data set in its way and succeed, not fail or leave its copy behind."""
+    archive, md5 = cifar_archive
+    both_checked = threading.Barrier(2, timeout=30)
+    real_missing_files = data_module.missing_files
+
+    def missing_files_in_step(root: Path) -> list[str]:
+        missing = real_missing_files(root)
+        if missing and threading.current_thread().name.startswith("downloader"):
+            both_checked.wait()  # neither renames before both have looked
+        return missing
+
+    monkeypatch.setattr(data_module, "missing_files", missing_files_in_step)
+    errors: list[BaseException] = []
+
+    def download() -> None:
+        try:
+            download_cifar10(tmp_path, url=archive.as_uri(), md5=md5)
+        except BaseException as err:  # noqa: BLE001 - reported below, in the test's thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=download, name=f"downloader-{i}") for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == [BASE_FOLDER]
+    assert real_missing_files(tmp_path / BASE_FOLDER) == []
 
 
 def test_incomplete_folder_is_not_overwritten(cifar_root: Path, tmp_path: Path) -> None:
