@@ -32,6 +32,14 @@ fit: $(VENV)/.installed  ## train the default job (configs/default.yaml)
 test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included
 	$(PY) -m pytest $(ARGS)
 
+# Template vs plain PyTorch: training overhead, inference, input pipeline (under 10 minutes on 2 CPU
+# cores). Results in benchmarks/results/perf/; each script's last line is its headline ratio.
+.PHONY: bench-perf
+bench-perf: $(VENV)/.installed-dev  ## the three performance benchmarks (ARGS go to each, e.g. --repeats 3)
+	$(PY) benchmarks/overhead.py $(ARGS)
+	$(PY) benchmarks/inference.py $(ARGS)
+	$(PY) benchmarks/input.py $(ARGS)
+
 $(VENV_XLA)/.installed: pyproject.toml
 	test -x $(PY_XLA) || $(PYTHON) -m venv $(VENV_XLA)
 	$(PY_XLA) -m pip install --quiet --upgrade pip

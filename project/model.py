@@ -2,8 +2,14 @@
 cosine schedule and cross-entropy, as in the material the template is built from.
 
 The module is the same under every strategy; two hooks let the strategies in :mod:`project.strategies`
-reach into it: ``configure_model`` shards the network for ``fsdp``, and ``loss_in_network`` lets
-``dp_balanced`` compute the loss inside each DataParallel replica (see :class:`NetWithLoss`).
+reach into it: ``configure_model`` shards the network for ``fsdp`` (and compiles it for
+``--model.compile=true``), and ``loss_in_network`` lets ``dp_balanced`` compute the loss inside each
+DataParallel replica (see :class:`NetWithLoss`).
+
+The training and evaluation steps never read a device value on the host: on an accelerator such a
+read waits for every queued kernel and leaves the device idle while the host prepares the next step.
+Values are read where they are shown or written -- the loggers every ``log_every_n_steps`` steps,
+the epoch metrics once per epoch.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.nn import functional as F
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 from torchvision.models import mobilenetv2, mobilenetv3, resnet, shufflenetv2
@@ -81,6 +89,27 @@ class NetWithLoss(nn.Module):
         return loss_sum.reshape(1), logits.argmax(dim=1)
 
 
+class SampleMean(MeanMetric):
+    """The mean of per-sample values over every batch (and, reduced by torchmetrics, every rank):
+    exact whatever the batch and shard sizes, as each sample weighs the same.
+
+    Unlike :class:`torchmetrics.MeanMetric` an update never reads its input on the host: MeanMetric
+    checks every update for NaN with a Python ``if``, a device sync per batch. Its
+    ``nan_strategy="disable"``, which skips the check, also drops the weights (torchmetrics 1.9), so
+    the sum and the count are kept here. A NaN shows up in the mean rather than being left out.
+
+    >>> mean = SampleMean()
+    >>> mean.update(torch.tensor([1.0, 2.0]))
+    >>> mean.update(torch.tensor([6.0]))
+    >>> mean.compute().item()
+    3.0
+    """
+
+    def update(self, values: torch.Tensor) -> None:  # type: ignore[override]
+        self.mean_value += values.detach().sum(dtype=self.mean_value.dtype)
+        self.weight += values.numel()  # a Python number: no host-to-device copy
+
+
 class ImageClassifier(LightningModule):
     """Trains ``arch`` (any torchvision classification model) on ``num_classes`` classes.
 
@@ -95,6 +124,11 @@ class ImageClassifier(LightningModule):
         warmup_epochs: Length of the linear learning-rate warm-up, in (possibly fractional) epochs;
             the cosine annealing then runs over the rest of the run, stepped every iteration.
         channels_last: Keep activations in NHWC memory order, which convolutions run faster in.
+        compile: Compile the network with ``torch.compile`` (the default inductor backend; on a CPU it
+            needs a C++ compiler). The first steps of each stage, and of validation, take longer while it
+            compiles. The network is compiled in place, so checkpoints keep the keys of an eager run and
+            load into either. Not with the ``dp`` strategies, whose DataParallel copies the network every
+            step, nor on XLA, which compiles its graphs itself.
 
     Attributes:
         loss_in_network: Set by the ``dp_balanced`` strategy while ``self.net`` is a DataParallel of a
@@ -112,6 +146,7 @@ class ImageClassifier(LightningModule):
         label_smoothing: float = 0.0,
         warmup_epochs: float = 1.0,
         channels_last: bool = True,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         _check_optimizer_options(lr, momentum, nesterov, weight_decay, label_smoothing, warmup_epochs)
@@ -120,13 +155,16 @@ class ImageClassifier(LightningModule):
         if channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        # Sample-weighted means, reduced across ranks by torchmetrics: exact whatever the shard sizes.
-        self.val_loss = MeanMetric()
-        self.test_loss = MeanMetric()
+        # validate_args=False: the checks look at the labels' values on the host (a device sync every
+        # batch). The labels are checked when the data is read, the predictions come from the network.
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
+        self.train_loss = SampleMean()
+        self.val_loss = SampleMean()
+        self.test_loss = SampleMean()
         self.loss_in_network = False
+        self._compiled = False
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net(self._memory_format(images))
@@ -145,26 +183,56 @@ class ImageClassifier(LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch
         loss, predictions = self.training_loss(images, labels)
-        self.train_acc.update(predictions, labels)  # computed once per epoch, not every step
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
-        self.log("train/lr", self.lr_schedulers().get_last_lr()[0], on_step=True, on_epoch=False)
+        # The epoch's loss and accuracy: computed once, at its end.
+        self.train_loss.update(loss.expand(len(labels)))  # the batch's mean, once for each image
+        self.train_acc.update(predictions, labels)
+        # The step's values only on the steps the loggers write (every log_every_n_steps): a
+        # self.log call costs about a millisecond of host time, as much as a small network's step
+        # on a GPU. Not on the progress bar, which reads its values at every refresh (every step)
+        # and so would wait for the device each time; it shows val/loss and val/acc.
+        if self._loggers_write_this_step():
+            self.log("train/loss_step", loss)
+            # A CPU tensor: self.log copies a Python float to the device, a sync there.
+            self.log("train/lr", torch.tensor(self.lr_schedulers().get_last_lr()[0]))
         return loss
+
+    def _loggers_write_this_step(self) -> bool:
+        """True on the training steps whose logged values Lightning passes to the loggers: the
+        same test its own LearningRateMonitor makes (Lightning 2.x internals)."""
+        trainer = self.trainer
+        return trainer._logger_connector.should_update_logs or bool(trainer.fast_dev_run)
+
+    def on_train_epoch_end(self) -> None:
+        self._log_epoch_metrics("train", ("loss", "acc"))
 
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> None:
         images, labels = batch
         logits = self(images)
-        loss_metric, acc_metric = getattr(self, f"{stage}_loss"), getattr(self, f"{stage}_acc")
-        loss_metric.update(self.criterion(logits, labels), weight=len(labels))
-        acc_metric.update(logits, labels)
-        self.log(f"{stage}/loss", loss_metric, prog_bar=stage == "val")
-        self.log(f"{stage}/acc", acc_metric, prog_bar=stage == "val")
+        hp = self.hparams
+        losses = F.cross_entropy(logits, labels, label_smoothing=hp.label_smoothing, reduction="none")
+        getattr(self, f"{stage}_loss").update(losses)
+        getattr(self, f"{stage}_acc").update(logits, labels)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")
 
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch_metrics("val", ("loss", "acc"), prog_bar=True)
+
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch_metrics("test", ("loss", "acc"))
+
+    def _log_epoch_metrics(self, stage: str, names: tuple[str, ...], prog_bar: bool = False) -> None:
+        """Log the epoch's ``<stage>/<name>`` metrics (reduced across ranks by torchmetrics) and reset
+        them. Once per epoch, not with ``self.log(metric)`` in every step: each such call moves the
+        metric to the device (``Metric.to``), about a millisecond -- a tenth of a batch-1 test step."""
+        for name in names:
+            metric = getattr(self, f"{stage}_{name}")
+            self.log(f"{stage}/{name}", metric.compute(), prog_bar=prog_bar)
+            metric.reset()
 
     def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """The predicted class index of every image in the batch."""
@@ -174,15 +242,34 @@ class ImageClassifier(LightningModule):
         """Shard the network under ``--trainer.strategy=fsdp`` (FSDP2 through ModelParallelStrategy, the
         only strategy that gives the module a device mesh): every block of :data:`FSDP_BLOCKS`, then the
         rest of the network as the root unit. Parameters, gradients and optimizer state are then split
-        across the ranks. Lightning calls this for fit, validate, test and predict alike: a network
-        sharded already is left as it is.
+        across the ranks. Then, with ``compile``, compile the (sharded) network in place. Lightning
+        calls this for fit, validate, test and predict alike: a network sharded or compiled already is
+        left as it is.
         """
-        if self.device_mesh is None or isinstance(self.net, FSDPModule):
-            return
+        if self.device_mesh is not None and not isinstance(self.net, FSDPModule):
+            self._shard(self.device_mesh["data_parallel"])
+        if self.hparams.compile and not self._compiled:
+            self._check_compile_is_possible()
+            # nn.Module.compile, not torch.compile(self.net): the module stays the same object, so
+            # state_dict keys and checkpoints are those of an eager run.
+            self.net.compile()
+            self._compiled = True
+
+    def _check_compile_is_possible(self) -> None:
+        strategy = self.trainer.strategy
+        name = getattr(strategy, "strategy_name", "")
+        if name in ("dp", "dp_balanced"):
+            raise ProjectError(
+                f"--model.compile=true does not work with --trainer.strategy={name}: DataParallel copies the network "
+                "onto every GPU at each step, and the copies would call the original's compiled code; use ddp"
+            )
+        if strategy.root_device.type == "xla":
+            raise ProjectError("--model.compile=true is not for XLA, which compiles the graph itself; leave it off")
+
+    def _shard(self, mesh: DeviceMesh) -> None:
         # FSDP2 shards contiguous parameters only. The images stay channels_last (see forward), and a
         # convolution follows its input's memory layout.
         self.net.to(memory_format=torch.contiguous_format)
-        mesh = self.device_mesh["data_parallel"]
         for block in self.net.modules():
             if isinstance(block, FSDP_BLOCKS):
                 fully_shard(block, mesh=mesh)
