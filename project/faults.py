@@ -246,14 +246,15 @@ def check_checkpoint_file(path: str | Path, num_classes: int | None = None) -> N
 class FiniteLossGuard(Callback):
     """Stop training at the first NaN or infinite training loss, saying where.
 
-    Checking a loss means reading it on the host, which on an accelerator waits for the device.
-    To keep that off the critical path the guard reads the PREVIOUS step's loss, which the device
-    has finished by then, so the check costs no stall. Before any checkpoint is written, and at the
+    Checking a loss means reading it on the host, and a plain read on a GPU waits for every kernel
+    queued so far, this step's too. So on CUDA the guard starts an asynchronous copy of each step's
+    loss into pinned host memory and reads it one step later, waiting only for that copy (an event),
+    which is done by then: the check costs no stall. Before any checkpoint is written, and at the
     end of training, it checks the latest loss too: nothing is ever saved from a bad step.
     """
 
     def __init__(self) -> None:
-        self._pending: tuple[torch.Tensor, int, int] | None = None
+        self._pending: tuple[torch.Tensor, torch.cuda.Event | None, int, int] | None = None
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -261,8 +262,16 @@ class FiniteLossGuard(Callback):
         self._check()
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
+            copied = None
+            loss = loss.detach()
+            if loss.is_cuda:
+                host = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
+                host.copy_(loss, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record()
+                loss = host
             # global_step already counts this step: it is the step's number, counted from 1
-            self._pending = (loss.detach(), trainer.global_step, trainer.current_epoch)
+            self._pending = (loss, copied, trainer.global_step, trainer.current_epoch)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self._check()
@@ -273,8 +282,10 @@ class FiniteLossGuard(Callback):
     def _check(self) -> None:
         if self._pending is None:
             return
-        loss, step, epoch = self._pending
+        loss, copied, step, epoch = self._pending
         self._pending = None
+        if copied is not None:
+            copied.synchronize()
         value = float(loss)
         if not math.isfinite(value):
             raise ProjectError(
