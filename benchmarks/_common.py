@@ -446,10 +446,26 @@ def machine(threads: int) -> str:
     return f"{cpus} CPU cores, {gpu}, torch {torch.__version__}, {threads or 'default'} intra-op thread(s)"
 
 
-def write_results(out: Path, name: str, report: dict[str, Any], table: str) -> None:
+def ratio_headline(name: str, what: str, worst: dict[str, Any], goal: float) -> str:
+    """The last line of a template/plain comparison: the worst case's ratio against the goal."""
+    status = "met" if worst["ratio"] >= goal else "MISSED"
+    return (
+        f"{name}: min template/plain {what} ratio {worst['ratio']:.3f} ({worst['case']}; "
+        f"repeats of one side differ by up to {100 * worst['spread']:.0f} %); goal >= {goal}: {status}"
+    )
+
+
+def publish(
+    out: Path, name: str, report: dict[str, Any], header: list[str], rows: list[list[str]], notes: str, headline: str
+) -> None:
+    """Write ``<name>.json`` (``report`` and the headline) and ``<name>.md`` under ``out``, and print
+    the table, the notes and, as the last line, the headline."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / f"{name}.md").write_text(table + "\n")
+    (out / f"{name}.json").write_text(json.dumps({**report, "headline": headline}, indent=2) + "\n")
+    (out / f"{name}.md").write_text(f"{markdown_table(header, rows)}\n\n{notes}\n\n{headline}\n")
+    print(text_table(header, rows))
+    print(notes)
+    print(headline)
 
 
 def common_arguments(description: str, default_repeats: int) -> argparse.ArgumentParser:

@@ -43,12 +43,11 @@ from _common import (
     eval_step_cycle,
     fmt,
     machine,
-    markdown_table,
     plain_infer_run,
+    publish,
+    ratio_headline,
     spread,
     template,
-    text_table,
-    write_results,
 )
 
 GOAL = 0.98
@@ -119,21 +118,10 @@ def main(argv: list[str] | None = None) -> None:
     header = ["case", "model", "batch", "plain", "template", "unit", "ratio", "repeat spread"]
     worst = min(report, key=lambda r: r["ratio"])
     seconds = time.perf_counter() - started
-    status = "met" if worst["ratio"] >= GOAL else "MISSED"
-    headline = (
-        f"inference: min template/plain speed ratio {worst['ratio']:.3f} ({worst['case']}; "
-        f"repeats of one side differ by up to {100 * worst['spread']:.0f} %); goal >= {GOAL}: {status}"
-    )
+    headline = ratio_headline("inference", "speed", worst, GOAL)
     notes = f"{machine(args.threads)}; {args.repeats} alternations; {seconds:.0f} s"
-    write_results(
-        args.out,
-        "inference",
-        {"machine": machine(args.threads), "seconds": seconds, "cases": report, "headline": headline},
-        f"{markdown_table(header, rows)}\n\n{notes}\n\n{headline}",
-    )
-    print(text_table(header, rows))
-    print(notes)
-    print(headline)
+    report = {"machine": machine(args.threads), "seconds": seconds, "cases": report}
+    publish(args.out, "inference", report, header, rows, notes, headline)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import Setup, common_arguments, fmt, machine, markdown_table, template, text_table, write_results
+from _common import Setup, common_arguments, fmt, machine, publish, template
 
 GOAL = 0.05
 LOADER_BATCH = 256
@@ -81,15 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         f"training run: {fmt(train_rate)} images/s, so the input pipeline needs "
         f"{100 * summary['core_share_of_input']:.1f} % of one core; {machine(args.threads)}; {seconds:.0f} s"
     )
-    write_results(
-        args.out,
-        "input",
-        {"machine": machine(args.threads), "seconds": seconds, "loader_images_per_second": rates, **summary},
-        f"{markdown_table(header, rows)}\n\n{notes}\n\n{headline}",
-    )
-    print(text_table(header, rows))
-    print(notes)
-    print(headline)
+    report = {"machine": machine(args.threads), "seconds": seconds, "loader_images_per_second": rates, **summary}
+    publish(args.out, "input", report, header, rows, notes, headline)
 
 
 if __name__ == "__main__":

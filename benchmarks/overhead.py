@@ -44,14 +44,13 @@ from _common import (
     epoch_throughput,
     fmt,
     machine,
-    markdown_table,
     plain_fit_run,
+    publish,
+    ratio_headline,
     spread,
     steady_epoch_wall,
     steady_step_cycle,
     template,
-    text_table,
-    write_results,
 )
 
 GOAL = 0.98
@@ -155,21 +154,10 @@ def main(argv: list[str] | None = None) -> None:
     ]
     worst = min(results, key=lambda r: r["ratio"])
     seconds = time.perf_counter() - started
-    status = "met" if worst["ratio"] >= GOAL else "MISSED"
-    headline = (
-        f"overhead: min template/plain training throughput ratio {worst['ratio']:.3f} ({worst['case']}; "
-        f"repeats of one side differ by up to {100 * worst['spread']:.0f} %); goal >= {GOAL}: {status}"
-    )
+    headline = ratio_headline("overhead", "training throughput", worst, GOAL)
     notes = f"{machine(args.threads)}; {args.repeats} alternations per case; {seconds:.0f} s"
-    write_results(
-        args.out,
-        "overhead",
-        {"machine": machine(args.threads), "seconds": seconds, "cases": results, "headline": headline},
-        f"{markdown_table(header, rows)}\n\n{notes}\n\n{headline}",
-    )
-    print(text_table(header, rows))
-    print(notes)
-    print(headline)
+    report = {"machine": machine(args.threads), "seconds": seconds, "cases": results}
+    publish(args.out, "overhead", report, header, rows, notes, headline)
 
 
 if __name__ == "__main__":
