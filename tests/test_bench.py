@@ -152,7 +152,7 @@ def test_a_failing_cell_is_recorded_and_a_finished_one_not_run_again(tmp_path: P
     rows = read_csv(out / "results.csv")
     single, broken = rows
     assert single["status"] == "ok" and broken["status"] == "failed"
-    assert "invalid strategy name" in broken["error"] and "no_such_strategy" in broken["error"]
+    assert "trainer.strategy='no_such_strategy' is not a strategy" in broken["error"]
     for key in ("fit_seconds", "epoch_seconds_mean", "iteration_seconds_mean", "test_batch_latency_ms_mean"):
         assert float(single[key]) > 0, key
     assert "no_such_strategy" in (out / "results.md").read_text()
