@@ -255,6 +255,7 @@ class FiniteLossGuard(Callback):
 
     def __init__(self) -> None:
         self._pending: tuple[torch.Tensor, torch.cuda.Event | None, int, int] | None = None
+        self._host: torch.Tensor | None = None
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -265,7 +266,10 @@ class FiniteLossGuard(Callback):
             copied = None
             loss = loss.detach()
             if loss.is_cuda:
-                host = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
+                # one pinned buffer for the whole run: _check above has read (and waited for) its last copy
+                if self._host is None or self._host.shape != loss.shape or self._host.dtype != loss.dtype:
+                    self._host = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
+                host = self._host
                 host.copy_(loss, non_blocking=True)
                 copied = torch.cuda.Event()
                 copied.record()

@@ -428,24 +428,10 @@ class TimingCallback(Callback):
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._finish_inference(trainer, pl_module, "test")
 
-    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._inference = _InferenceRecorder()
-
-    def on_predict_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        self._inference.start_batch(self._now())
-
-    def on_predict_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._inference.end_batch(self._now(), extract_batch_size(batch))
+    # predict is timed exactly as test is
+    on_predict_start = on_test_start
+    on_predict_batch_start = on_test_batch_start
+    on_predict_batch_end = on_test_batch_end
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._finish_inference(trainer, pl_module, "predict")
