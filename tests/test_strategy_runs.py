@@ -109,13 +109,15 @@ def test_fit_validate_test(strategy: str, arch: str, tiny_args: list[str], cifar
             assert abs(r["grads"] - half) < 0.02 * half and abs(r["optimizer_state"] - half) < 0.02 * half
 
     # validate and test the last checkpoint under the same strategy: reduced across the ranks, the
-    # metrics equal a single-process evaluation of that checkpoint over the whole split
+    # metrics equal a single-process evaluation of that checkpoint over the whole split. validate goes
+    # through the same evaluation code as test, so ResNet50 (the slow arch) runs test alone (CI time).
     last = run / "checkpoints" / "last.ckpt"
-    for stage, split in (("validate", "val"), ("test", "test")):
+    stages = (("validate", "val"), ("test", "test")) if arch == "mobilenet_v2" else (("test", "test"),)
+    for stage, split in stages:
         run_project(stage, *common, "--ckpt_path=last", *recorder_args(out), cwd=tmp_path)
         expected = evaluate(last, cifar_root, split)
         assert metrics(out, stage, split) == pytest.approx(expected, rel=1e-5)
-    assert sorted(p.name for p in runs.iterdir()) == ["version_0", "version_1", "version_2"]
+    assert sorted(p.name for p in runs.iterdir()) == [f"version_{i}" for i in range(1 + len(stages))]
 
 
 @pytest.mark.slow
