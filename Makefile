@@ -17,11 +17,14 @@ PY_XLA := $(VENV_XLA)/bin/python
 # EXTRAS into it. uv (put into ENV by pip) does the install: it downloads in parallel and hard-links
 # files from its cache, so each CUDA build of torch (6-7 GB) lands in well under a minute and sits on
 # the disk once; pip takes minutes and holds every downloaded wheel beside the installed files until
-# it ends. The stamp files re-run the install when pyproject.toml changes.
+# it ends. --compile-bytecode does what pip does by default: without .pyc files, every process (the
+# tests start dozens) compiles torch's and Lightning's sources again where PYTHONDONTWRITEBYTECODE is
+# set, 13-16 s instead of 6 s for `import lightning` here. The stamp files re-run the install when
+# pyproject.toml changes.
 define install
 	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install --quiet uv
-	$(1)/bin/uv pip install --quiet --python $(1)/bin/python -e '.$(2)'
+	$(1)/bin/uv pip install --quiet --compile-bytecode --python $(1)/bin/python -e '.$(2)'
 endef
 
 $(VENV)/.installed: pyproject.toml
