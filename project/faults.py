@@ -83,7 +83,12 @@ class CheckpointOnSignal(Callback):
         # Not earlier: Lightning records the handlers in place when it sets its own (after on_fit_start)
         # and puts those back when it ends, which would leave this one installed.
         self.signum = None
-        if threading.current_thread() is threading.main_thread():  # only there can handlers be set
+        # Only the main thread can set handlers. A process started with Ctrl-C ignored (`nohup`, `cmd &`
+        # in a script) keeps ignoring it, as Python itself does.
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        ):
             self._previous_sigint = signal.signal(signal.SIGINT, self._sigint_to_sigterm)
 
     def _sigint_to_sigterm(self, signum: int, frame: FrameType | None) -> None:

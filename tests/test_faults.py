@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -125,9 +126,18 @@ class SignalAt(Callback):
             os.kill(os.getpid(), self.signum)
 
 
+@pytest.fixture
+def sigint_as_in_a_terminal() -> Iterator[None]:
+    """Python's own Ctrl-C handler, which a process started from a terminal has, whatever started pytest
+    (a background job starts with SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_saves_a_checkpoint_and_the_run_resumes_from_it(
-    tiny_args: list[str], tmp_path: Path, signum: int
+    tiny_args: list[str], tmp_path: Path, signum: int, sigint_as_in_a_terminal: None
 ) -> None:
     args = ["fit", *tiny_args, "--trainer.max_epochs=2"]  # 8 steps per epoch
     stop = [
@@ -144,6 +154,14 @@ def test_a_signal_saves_a_checkpoint_and_the_run_resumes_from_it(
 
     resumed = main([*args, "--ckpt_path=last"])
     assert resumed.trainer.global_step == 16 and resumed.trainer.current_epoch == 2
+
+
+def test_an_ignored_ctrl_c_stays_ignored(tiny_args: list[str], sigint_as_in_a_terminal: None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `nohup` or `cmd &` in a script start a process
+    ctrl_c = [f"--trainer.callbacks+={__name__}.SignalAt", f"--trainer.callbacks.signum={signal.SIGINT}"]
+    cli = main(["fit", *tiny_args, "--trainer.max_epochs=1", *ctrl_c, "--trainer.callbacks.step=3"])
+    assert cli.trainer.global_step == 8  # the whole epoch: the Ctrl-C at step 3 was ignored
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def ddp_fit(cwd: Path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
