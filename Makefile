@@ -49,8 +49,11 @@ bench-perf: $(VENV)/.installed-dev  ## the three performance benchmarks (ARGS go
 	$(PY) benchmarks/inference.py $(ARGS)
 	$(PY) benchmarks/input.py $(ARGS)
 
+# In a variable because a comma written in $(call ...) would split its arguments.
+XLA_EXTRAS := [xla,dev]
+
 $(VENV_XLA)/.installed: pyproject.toml
-	$(call install,$(VENV_XLA),[xla,dev])
+	$(call install,$(VENV_XLA),$(XLA_EXTRAS))
 	touch $@
 
 # PJRT_DEVICE=CPU: torch_xla's CPU device stands in for a TPU (the xla_cpu accelerator also sets it when
