@@ -157,19 +157,13 @@ class Clock(Callback):
     ) -> None:
         self.stamps["eval_batches"].append([self._start, self._now(), len(batch[0])])
 
-    def on_predict_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, *args: Any) -> None:
-        self._start = self._now()
-
-    def on_predict_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, *args: Any
-    ) -> None:
-        self.stamps["eval_batches"].append([self._start, self._now(), len(batch[0])])
-
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._write()
 
-    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._write()
+    # predict is clocked exactly as test is
+    on_predict_batch_start = on_test_batch_start
+    on_predict_batch_end = on_test_batch_end
+    on_predict_end = on_test_end
 
     def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -446,13 +440,28 @@ def machine(threads: int) -> str:
     return f"{cpus} CPU cores, {gpu}, torch {torch.__version__}, {threads or 'default'} intra-op thread(s)"
 
 
-def ratio_headline(name: str, what: str, worst: dict[str, Any], goal: float) -> str:
-    """The last line of a template/plain comparison: the worst case's ratio against the goal."""
+def publish_comparison(
+    args: argparse.Namespace,
+    name: str,
+    what: str,
+    cases: list[dict[str, Any]],
+    header: list[str],
+    rows: list[list[str]],
+    started: float,
+    goal: float,
+) -> None:
+    """Publish a template/plain comparison begun at ``started`` (``time.perf_counter``) with, as the
+    headline, its worst case's ratio against ``goal``."""
+    worst = min(cases, key=lambda case: case["ratio"])
     status = "met" if worst["ratio"] >= goal else "MISSED"
-    return (
+    headline = (
         f"{name}: min template/plain {what} ratio {worst['ratio']:.3f} ({worst['case']}; "
         f"repeats of one side differ by up to {100 * worst['spread']:.0f} %); goal >= {goal}: {status}"
     )
+    seconds = time.perf_counter() - started
+    where = machine(args.threads)
+    notes = f"{where}; {args.repeats} alternations per case; {seconds:.0f} s"
+    publish(args.out, name, {"machine": where, "seconds": seconds, "cases": cases}, header, rows, notes, headline)
 
 
 def publish(

@@ -44,8 +44,7 @@ from _common import (
     fmt,
     machine,
     plain_infer_run,
-    publish,
-    ratio_headline,
+    publish_comparison,
     spread,
     template,
 )
@@ -116,12 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             values = [fmt(1000 / plain_best, 2), fmt(1000 / template_best, 2), "ms (p50)"]
         rows.append([name, setup.label, str(batch), *values, fmt(entry["ratio"], 3), f"{100 * entry['spread']:.0f} %"])
     header = ["case", "model", "batch", "plain", "template", "unit", "ratio", "repeat spread"]
-    worst = min(report, key=lambda r: r["ratio"])
-    seconds = time.perf_counter() - started
-    headline = ratio_headline("inference", "speed", worst, GOAL)
-    notes = f"{machine(args.threads)}; {args.repeats} alternations; {seconds:.0f} s"
-    report = {"machine": machine(args.threads), "seconds": seconds, "cases": report}
-    publish(args.out, "inference", report, header, rows, notes, headline)
+    publish_comparison(args, "inference", "speed", report, header, rows, started, GOAL)
 
 
 if __name__ == "__main__":

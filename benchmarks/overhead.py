@@ -45,8 +45,7 @@ from _common import (
     fmt,
     machine,
     plain_fit_run,
-    publish,
-    ratio_headline,
+    publish_comparison,
     spread,
     steady_epoch_wall,
     steady_step_cycle,
@@ -152,12 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         ]
         for r in results
     ]
-    worst = min(results, key=lambda r: r["ratio"])
-    seconds = time.perf_counter() - started
-    headline = ratio_headline("overhead", "training throughput", worst, GOAL)
-    notes = f"{machine(args.threads)}; {args.repeats} alternations per case; {seconds:.0f} s"
-    report = {"machine": machine(args.threads), "seconds": seconds, "cases": results}
-    publish(args.out, "overhead", report, header, rows, notes, headline)
+    publish_comparison(args, "overhead", "training throughput", results, header, rows, started, GOAL)
 
 
 if __name__ == "__main__":
