@@ -172,7 +172,11 @@ def test_fsdp_checkpoint_serves_a_single_device_and_uneven_data_is_refused_not_h
     # test) keeps Lightning's sampler, so fsdp must refuse it rather than wait forever.
     synthetic = ["--data.synthetic=true", "--data.synthetic_size=205", "--data.val_size=5"]
     err = run_project("predict", *tiny_args, *fsdp, *synthetic, cwd=tmp_path, timeout=120, expect=2)
-    assert err.strip().splitlines()[-1] == (
+    # Both ranks print the error line into the shared stderr. Now and then the second one then aborts in
+    # C++ while gloo shuts down (seen in 1 of 6 CI runs, cause not found; the README says so), so the
+    # error is looked for among the lines rather than as the last one.
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("error:")][-1] == (
         "error: fsdp needs the same number of batches on every process (each forward pass is collective), but "
         "this data gives the processes [3, 2]; change data.batch_size, or run it on one device (fsdp checkpoints "
         "are single files)"
