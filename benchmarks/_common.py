@@ -25,13 +25,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +39,10 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch import nn
 from torch.nn import functional as F
+
+from project.measure.devices import SyncingClock, synchronizer
+from project.measure.environment import machine_description
+from project.measure.tables import markdown_table, text_table
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "perf"
@@ -128,15 +130,15 @@ class Clock(Callback):
     def __init__(self, path: str) -> None:
         self.path = Path(path)
         self.stamps: dict[str, Any] = {"epoch_starts": [], "train_batch_ends": [], "eval_batches": []}
-        self._sync: Callable[[], None] = lambda: None
+        self._clock = SyncingClock()
         self._start = 0.0
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._sync = synchronizer(trainer.strategy.root_device)
+        # Waits for the device at each stamp, as the plain loops do: both sides pay the same.
+        self._clock = SyncingClock(synchronizer(trainer.strategy.root_device))
 
     def _now(self) -> float:
-        self._sync()
-        return time.perf_counter()
+        return self._clock.mark()
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.stamps["epoch_starts"].append(self._now())
@@ -235,11 +237,6 @@ def _plain(task: str, specs: list[dict[str, Any]], out: Path, threads: int) -> l
 # --------------------------------------------------------------------------- the plain loops
 
 
-def synchronizer(device: torch.device) -> Callable[[], None]:
-    """Waits for ``device`` at each timestamp, as the template's TimingCallback does."""
-    return torch.cuda.synchronize if device.type == "cuda" else lambda: None
-
-
 def build_net(setup: Setup, device: torch.device) -> nn.Module:
     from project.nets import build_network
 
@@ -278,7 +275,7 @@ def plain_fit(setup: Setup, out: Path) -> dict[str, Any]:
     from project.model import WarmupCosine
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    sync = synchronizer(device)
+    now = SyncingClock(synchronizer(device)).mark  # waits for the device, then reads the host clock
     seed_everything(SEED, verbose=False)  # as the template: the same initial weights and order of batches
     data = setup.data_module()
     data.setup("fit")
@@ -294,8 +291,7 @@ def plain_fit(setup: Setup, out: Path) -> dict[str, Any]:
     clock: dict[str, Any] = {"epoch_starts": [], "train_batch_ends": []}
     epochs = []
     for epoch in range(setup.epochs):
-        sync()
-        clock["epoch_starts"].append(start := time.perf_counter())
+        clock["epoch_starts"].append(start := now())
         seed_everything(SEED + epoch, verbose=False)  # as the template's ReseedEveryEpoch: the same dropout
         clock["train_batch_ends"].append(ends := [])
         train_loader.sampler.set_epoch(epoch)  # the data module's sampler reshuffles by epoch
@@ -315,8 +311,7 @@ def plain_fit(setup: Setup, out: Path) -> dict[str, Any]:
             optimizer.zero_grad(set_to_none=True)
             loss_sum += loss.detach() * len(labels)
             correct += (logits.argmax(1) == labels).sum()
-            sync()
-            ends.append(time.perf_counter())
+            ends.append(now())
             schedule.step()
         samples = steps * setup.batch_size
         epochs.append({"seconds": ends[-1] - start, "samples": samples})
@@ -326,8 +321,7 @@ def plain_fit(setup: Setup, out: Path) -> dict[str, Any]:
         torch.save(checkpoint, out.parent / "plain-last.pt.tmp")
         os.replace(out.parent / "plain-last.pt.tmp", out.parent / "plain-last.pt")
         print(f"epoch {epoch}: loss {train_loss:.3f} acc {train_acc:.3f}", flush=True)
-    sync()
-    clock["train_end"] = time.perf_counter()
+    clock["train_end"] = now()
     return {"epochs": epochs, "clock": clock}
 
 
@@ -347,7 +341,7 @@ def plain_infer(setup: Setup, batch_size: int, predict: bool) -> dict[str, Any]:
     predicted classes, gathered once at the end). A batch is stamped from its arrival on the device
     to its result, where the template's ``on_*_batch_start`` / ``on_*_batch_end`` hooks run."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    sync = synchronizer(device)
+    now = SyncingClock(synchronizer(device)).mark  # waits for the device, then reads the host clock
     seed_everything(SEED, verbose=False)
     data = setup.data_module(batch_size)
     data.setup("test")
@@ -361,16 +355,14 @@ def plain_infer(setup: Setup, batch_size: int, predict: bool) -> dict[str, Any]:
             if step == setup.test_batches:
                 break
             images, labels = to_device(images, labels, setup, device)
-            sync()
-            start = time.perf_counter()
+            start = now()
             logits = net(images)
             if predict:
                 predictions.append(logits.argmax(1))
             else:
                 loss_sum += F.cross_entropy(logits, labels, reduction="sum")
                 correct += (logits.argmax(1) == labels).sum()
-            sync()
-            batches.append([start, time.perf_counter(), len(labels)])
+            batches.append([start, now(), len(labels)])
     results = torch.cat(predictions).cpu().tolist() if predict else [loss_sum.item(), correct.item()]
     return {"results": len(results), "clock": {"eval_batches": batches}}
 
@@ -419,25 +411,8 @@ def spread(values: list[float]) -> float:
     return max(values) / min(values) - 1
 
 
-def fmt(value: float | None, digits: int = 1) -> str:
-    return "n/a" if value is None or math.isnan(value) else f"{value:.{digits}f}"
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
-def text_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
-    lines = [header, ["-" * w for w in widths], *rows]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
-
-
 def machine(threads: int) -> str:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{cpus} CPU cores, {gpu}, torch {torch.__version__}, {threads or 'default'} intra-op thread(s)"
+    return f"{machine_description()}, {threads or 'default'} intra-op thread(s)"
 
 
 def publish_comparison(

@@ -41,13 +41,14 @@ from _common import (
     common_arguments,
     eval_latency,
     eval_step_cycle,
-    fmt,
     machine,
     plain_infer_run,
     publish_comparison,
     spread,
     template,
 )
+
+from project.measure.tables import number
 
 GOAL = 0.98
 WARMUP_BATCHES = 3  # the TimingCallback's default warmup_iterations
@@ -110,10 +111,11 @@ def main(argv: list[str] | None = None) -> None:
         }
         report.append(entry)
         if kind == "throughput":
-            values = [fmt(plain_best), fmt(template_best), "images/s"]
+            values = [number(plain_best), number(template_best), "images/s"]
         else:  # shown as the latency itself, in ms
-            values = [fmt(1000 / plain_best, 2), fmt(1000 / template_best, 2), "ms (p50)"]
-        rows.append([name, setup.label, str(batch), *values, fmt(entry["ratio"], 3), f"{100 * entry['spread']:.0f} %"])
+            values = [number(1000 / plain_best, 2), number(1000 / template_best, 2), "ms (p50)"]
+        spread = f"{100 * entry['spread']:.0f} %"
+        rows.append([name, setup.label, str(batch), *values, number(entry["ratio"], 3), spread])
     header = ["case", "model", "batch", "plain", "template", "unit", "ratio", "repeat spread"]
     publish_comparison(args, "inference", "speed", report, header, rows, started, GOAL)
 

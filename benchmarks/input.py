@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import Setup, common_arguments, fmt, machine, publish, template
+from _common import Setup, common_arguments, machine, publish, template
+
+from project.measure.tables import number
 
 GOAL = 0.05
 LOADER_BATCH = 256
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         timing = template("fit", DEFAULT_RUN, Path(work), args.threads)
     wait, train_rate = timing["data_wait_fraction"], timing["train_samples_per_second"]
     per_worker = max(rates[w] / max(w, 1) for w in rates)
-    rows = [[str(w), fmt(rates[w], 0), fmt(rates[w] / max(w, 1), 0)] for w in rates]
+    rows = [[str(w), number(rates[w], 0), number(rates[w] / max(w, 1), 0)] for w in rates]
     header = ["workers", "images/s", "images/s per worker"]
     summary: dict[str, Any] = {
         "default_num_workers": DEFAULT_RUN.data_module().num_workers,
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         f"goal <= {100 * GOAL:.0f} %: {'met' if wait <= GOAL else 'MISSED'}"
     )
     notes = (
-        f"training run: {fmt(train_rate)} images/s, so the input pipeline needs "
+        f"training run: {number(train_rate)} images/s, so the input pipeline needs "
         f"{100 * summary['core_share_of_input']:.1f} % of one core; {machine(args.threads)}; {seconds:.0f} s"
     )
     report = {"machine": machine(args.threads), "seconds": seconds, "loader_images_per_second": rates, **summary}

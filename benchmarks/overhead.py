@@ -42,7 +42,6 @@ from _common import (
     best,
     common_arguments,
     epoch_throughput,
-    fmt,
     machine,
     plain_fit_run,
     publish_comparison,
@@ -51,6 +50,8 @@ from _common import (
     steady_step_cycle,
     template,
 )
+
+from project.measure.tables import number
 
 GOAL = 0.98
 # Each case's epoch is a few seconds of compute on one CPU core: long enough for a few step cycles,
@@ -140,14 +141,14 @@ def main(argv: list[str] | None = None) -> None:
         [
             r["case"],
             str(r["setup"]["batch_size"]),
-            fmt(r["plain_images_per_second"]),
-            fmt(r["template_images_per_second"]),
-            fmt(r["ratio"], 3),
-            " ".join(fmt(p, 3) for p in r["pair_ratios"]),
+            number(r["plain_images_per_second"]),
+            number(r["template_images_per_second"]),
+            number(r["ratio"], 3),
+            " ".join(number(p, 3) for p in r["pair_ratios"]),
             f"{100 * r['spread']:.0f} %",
-            fmt(r["epoch_ratio"], 3),
-            f"{fmt(r['plain_epoch_wall_seconds'], 2)} / {fmt(r['template_epoch_wall_seconds'], 2)}",
-            fmt(r["extra_seconds_per_epoch"], 2),
+            number(r["epoch_ratio"], 3),
+            f"{number(r['plain_epoch_wall_seconds'], 2)} / {number(r['template_epoch_wall_seconds'], 2)}",
+            number(r["extra_seconds_per_epoch"], 2),
         ]
         for r in results
     ]

@@ -5,7 +5,7 @@ precisions -- and the settings every cell shares. Each cell runs as its own ``py
 fit`` and then ``test --ckpt_path=last``, in fresh processes, with ``DIR/runs/<cell>`` as its
 ``default_root_dir``: both log to ``lightning_logs/version_0`` there (one TensorBoard run per
 cell; ``make tensorboard LOGDIR=DIR/runs`` overlays them). The cells' ``timing.json`` files (see
-:mod:`project.timing`) are collected into ``DIR/results.csv``, ``DIR/results.md`` and
+:mod:`project.callbacks.timing`) are collected into ``DIR/results.csv``, ``DIR/results.md`` and
 ``DIR/results.png``.
 
 A cell that finished is not run again when the same command is repeated (change a setting and it
@@ -20,7 +20,6 @@ import csv
 import json
 import math
 import os
-import platform
 import re
 import shlex
 import shutil
@@ -36,6 +35,8 @@ from typing import Any
 import yaml
 
 from project.errors import ProjectError
+from project.measure.environment import machine_description
+from project.measure.tables import markdown_table
 
 SINGLE = "single"  # the baseline: Lightning's default strategy on one device
 MARKER = "bench-cell.json"  # a cell's outcome, in its run folder
@@ -340,30 +341,10 @@ def _pm(mean: float | None, std: float | None, digits: int = 3) -> str:
     return _num(mean, digits) + ("" if std is None else f" ± {std:.{digits}f}")
 
 
-def _table(header: list[str], lines: list[list[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
-        *("| " + " | ".join(line) + " |" for line in lines),
-    ]
-
-
 def _memory(row: dict[str, Any], prefix: str) -> str:
     """``rank0 812, rank1 790``: the peak MiB of every device of the cell."""
     pairs = zip(row.get(f"{prefix}_devices", []), row.get(f"{prefix}_mb", []), strict=True)
     return ", ".join(f"{label} {_num(mb, 0)}" for label, mb in pairs)
-
-
-def machine_description() -> str:
-    """The machine the bench ran on, in one line (no host name)."""
-    import torch
-
-    gpus = (
-        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    )
-    accelerators = f"{len(gpus)} x {gpus[0]}" if gpus else "no GPU"
-    system = f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores"
-    return f"{system}, {accelerators}, torch {torch.__version__}"
 
 
 def write_markdown(rows: list[dict[str, Any]], path: Path, command: str, machine: str) -> None:
@@ -418,7 +399,7 @@ def write_markdown(rows: list[dict[str, Any]], path: Path, command: str, machine
         "",
         "## Training",
         "",
-        *_table(
+        markdown_table(
             [
                 "cell",
                 "strategy",
@@ -439,17 +420,17 @@ def write_markdown(rows: list[dict[str, Any]], path: Path, command: str, machine
         "",
         "## Inference (test)",
         "",
-        *_table(["cell", "ms/batch", "p50 ms", "p90 ms", "p99 ms", "ms/sample", "samples/s"], inference),
+        markdown_table(["cell", "ms/batch", "p50 ms", "p90 ms", "p99 ms", "ms/sample", "samples/s"], inference),
         "",
         "## Peak memory per rank (MiB)",
         "",
         "CUDA: peak allocated per GPU; CPU: each process's peak resident memory.",
         "",
-        *_table(["cell", "fit", "test"], memory),
+        markdown_table(["cell", "fit", "test"], memory),
         "",
     ]
     if failed:
-        text += ["## Cells that did not finish", "", *_table(["cell", "status", "error"], failed), ""]
+        text += ["## Cells that did not finish", "", markdown_table(["cell", "status", "error"], failed), ""]
     path.write_text("\n".join(text))
 
 

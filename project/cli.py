@@ -7,12 +7,12 @@ Beyond LightningCLI it does these things:
 - ``--ckpt_path=last`` / ``best`` also work in a NEW process (the usual case: ``fit``, then
   ``test --ckpt_path=best`` as a second command), by looking in the newest run folder under
   ``<trainer.default_root_dir>/lightning_logs``;
-- a :class:`project.timing.TimingCallback` is always there (``--timing.*``): every run reports its
+- a :class:`project.callbacks.timing.TimingCallback` is always there (``--timing.*``): every run reports its
   epoch, iteration and inference times and peak memory (``timing.json`` in the run folder);
 - ``--trainer.benchmark`` (cuDNN autotuning) is on unless ``--trainer.deterministic`` is set;
 - checkpoints are written atomically, checked before use, and saved when SIGTERM or Ctrl-C stops
   the run (exit status 128 + signal); training stops at the first non-finite loss
-  (:mod:`project.faults`); ``predict`` writes ``predictions.csv``.
+  (:mod:`project.callbacks`); ``predict`` writes ``predictions.csv``.
 Errors the user can fix print as one line and exit 2, with no traceback and no half-made run folder:
 ours (:class:`project.errors.ProjectError`), the parser's (a wrong type, an unknown key, a missing
 config file) and Lightning's refusals of a Trainer setting (an unknown strategy, GPUs asked for on a
@@ -39,21 +39,21 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from project.data import NUM_CLASSES, CIFAR10DataModule
-from project.errors import ProjectError
-from project.faults import (
+from project.callbacks.checkpoints import (
     AtomicCheckpoints,
     CheckpointOnSignal,
     FinalCheckpoint,
-    FiniteLossGuard,
-    LostRankWatchdog,
     check_checkpoint_file,
+    find_checkpoint,
 )
+from project.callbacks.guards import FiniteLossGuard, LostRankWatchdog
+from project.callbacks.predictions import PredictionWriter
+from project.callbacks.reproducibility import ReseedEveryEpoch
+from project.callbacks.timing import TimingCallback
+from project.data import NUM_CLASSES, CIFAR10DataModule
+from project.errors import ProjectError
 from project.log import get_logger
 from project.model import ImageClassifier
-from project.predictions import PredictionWriter
-from project.reproducibility import ReseedEveryEpoch
-from project.timing import TimingCallback
 
 log = get_logger(__name__)
 
@@ -231,41 +231,6 @@ def _runs_root(trainer_config: Any) -> Path:
         return root / "lightning_logs"
     name = init_args.get("name", "lightning_logs")
     return Path(init_args.get("save_dir") or root) / (name or "")
-
-
-def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False) -> str | None:
-    """The ``last.ckpt`` of the newest run under ``runs_root``, or that run's best checkpoint.
-
-    With ``allow_none`` (``fit --ckpt_path=last`` before any run: start from scratch) a missing
-    checkpoint returns None; otherwise it is an error.
-    """
-    runs = sorted(runs_root.glob("version_*/checkpoints/last.ckpt"), key=_version_number)
-    if not runs:
-        if allow_none:
-            log.warning("--ckpt_path=%s: no checkpoint under %s yet; starting from scratch", which, runs_root)
-            return None
-        raise ProjectError(
-            f"--ckpt_path={which}: no run with a checkpoint under {runs_root} "
-            "(looked for version_*/checkpoints/last.ckpt); train first, or pass a checkpoint file"
-        )
-    last = runs[-1]
-    if which == "last":
-        log.info("--ckpt_path=last: %s", last)
-        return str(last)
-    state = torch.load(last, map_location="cpu", weights_only=False).get("callbacks", {})
-    best = next((s.get("best_model_path") for k, s in state.items() if k.startswith("ModelCheckpoint")), None)
-    if not best or not Path(best).is_file():
-        raise ProjectError(
-            f"--ckpt_path=best: the run of {last} recorded no best checkpoint that still exists ({best!r})"
-        )
-    log.info("--ckpt_path=best: %s", best)
-    return best
-
-
-def _version_number(last_ckpt: Path) -> int:
-    """``.../version_12/checkpoints/last.ckpt`` -> 12, so version_10 sorts after version_9."""
-    suffix = last_ckpt.parent.parent.name.removeprefix("version_")
-    return int(suffix) if suffix.isdigit() else -1
 
 
 def main(args: ArgsType = None) -> ProjectCLI:

@@ -16,10 +16,11 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from project import faults
+from project.callbacks import checkpoints
+from project.callbacks.checkpoints import AtomicCheckpointIO, AtomicCheckpoints, check_checkpoint_file
+from project.callbacks.guards import FiniteLossGuard
 from project.cli import main
 from project.errors import ProjectError
-from project.faults import AtomicCheckpointIO, AtomicCheckpoints, FiniteLossGuard, check_checkpoint_file
 
 
 def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -30,7 +31,7 @@ def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path: Path, monk
         f.write(b"PK\x03\x04 half a zip")
         raise KeyboardInterrupt  # the process is stopped in the middle of writing
 
-    monkeypatch.setattr(faults.torch, "save", dies_half_way)
+    monkeypatch.setattr(checkpoints.torch, "save", dies_half_way)
     with pytest.raises(KeyboardInterrupt):
         io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}}, path)
     assert torch.equal(torch.load(path)["state_dict"]["w"], torch.ones(3))

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Trainer
 
+from project.callbacks.predictions import PredictionWriter
 from project.data import CIFAR10DataModule
 from project.model import ImageClassifier
-from project.predictions import PredictionWriter
 from tests.conftest import LABEL_NAMES, TEST_IMAGES
 
 

@@ -19,17 +19,15 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, Dataset
 
-from project import timing
-from project.cli import main
-from project.timing import (
+from project.callbacks.timing import (
     TimingCallback,
-    device_synchronizer,
     memory_entries,
-    peak_memory_mb,
     summarise_epoch,
     summarise_fit,
     summarise_inference,
 )
+from project.cli import main
+from project.measure.devices import peak_memory_mb, synchronizer
 
 # The reference for each figure is how long the sleeps really lasted, timed where they happen: on a
 # busy machine a sleep can wake up late, and that is time the callback must count, not an error.
@@ -355,7 +353,7 @@ def test_cuda_memory_lists_every_gpu_the_process_used(monkeypatch: pytest.Monkey
 def test_the_device_is_waited_for_where_it_runs_asynchronously(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("cuda", device)))
-    device_synchronizer(torch.device("cuda", 1))()
+    synchronizer(torch.device("cuda", 1))()
     assert calls == [("cuda", torch.device("cuda", 1))]
 
     # torch_xla is imported only when the device is an XLA one: stand in for it here
@@ -368,7 +366,7 @@ def test_the_device_is_waited_for_where_it_runs_asynchronously(monkeypatch: pyte
         monkeypatch.setitem(sys.modules, name, module)
     sys.modules["torch_xla"].core = sys.modules["torch_xla.core"]
     sys.modules["torch_xla.core"].xla_model = xla_model
-    device_synchronizer(torch.device("xla", 0))()
+    synchronizer(torch.device("xla", 0))()
     assert calls[-1] == ("xla", None)
 
-    assert device_synchronizer(torch.device("cpu")) is timing._cpu_is_synchronous
+    assert synchronizer(torch.device("cpu")) is None  # a CPU's operations have finished when they return

@@ -32,116 +32,27 @@ prints a short table. Without a logger it only prints.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
-import resource
 import statistics
-import sys
-import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from project.errors import ProjectError
+from project.measure.devices import DeviceClock, HostClock, SyncingClock, peak_memory_mb, synchronizer
+from project.measure.stats import STATS, after_warmup, clean, describe, nanmax
 
-MIB = 2**20
 NAN = float("nan")
-STATS = ("mean", "std", "p50", "p90", "p99")
-
-
-# --------------------------------------------------------------------------- devices
-
-
-def device_synchronizer(device: torch.device) -> Callable[[], None]:
-    """A function that returns once ``device`` has finished the work queued on it."""
-    if device.type == "cuda":
-        return functools.partial(torch.cuda.synchronize, device)
-    if device.type == "mps":
-        return torch.mps.synchronize
-    if device.type == "xla":
-        import torch_xla.core.xla_model as xm  # only installed (and importable) where XLA runs
-
-        return xm.wait_device_ops
-    return _cpu_is_synchronous
-
-
-def _cpu_is_synchronous() -> None:
-    """CPU operations have finished when they return: nothing to wait for."""
-
-
-def process_peak_rss_mb() -> float:
-    """This process's peak resident memory since it started, in MiB."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / MIB if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux
-
-
-def peak_memory_mb(device: torch.device) -> list[tuple[int, float]]:
-    """``(device index, peak MiB)`` for each device this process used; index -1 is the host.
-
-    CUDA: every GPU with allocations (DataParallel drives several from one process). XLA: the
-    runtime's peak if it reports one, else NaN. Anything else: the process's peak resident memory.
-    """
-    if device.type == "cuda":
-        peaks = [(i, torch.cuda.max_memory_allocated(i) / MIB) for i in range(torch.cuda.device_count())]
-        return [(i, mb) for i, mb in peaks if mb > 0] or [(device.index or 0, 0.0)]
-    if device.type == "xla":
-        return [(device.index or 0, _xla_peak_mb(device))]
-    return [(-1, process_peak_rss_mb())]
-
-
-def _xla_peak_mb(device: torch.device) -> float:
-    """The XLA runtime's peak memory of ``device`` in MiB, or NaN where it reports none."""
-    import torch_xla.core.xla_model as xm
-
-    try:
-        peak = xm.get_memory_info(device).get("peak_bytes_used")  # absent before torch_xla 2.5
-    except Exception:  # runtimes without memory statistics (the XLA CPU client) raise here
-        return NAN
-    return peak / MIB if peak is not None else NAN
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def describe(values: Sequence[float]) -> dict[str, float | None]:
-    """Mean, sample standard deviation and the 50th/90th/99th percentiles of ``values``.
-
-    >>> {k: round(v, 3) for k, v in describe([1.0, 2.0, 3.0, 4.0]).items()}
-    {'mean': 2.5, 'std': 1.291, 'p50': 2.5, 'p90': 3.7, 'p99': 3.97}
-    """
-    if not values:
-        return dict.fromkeys(STATS)
-    p50, p90, p99 = np.percentile(values, [50, 90, 99]).tolist()
-    std = statistics.stdev(values) if len(values) > 1 else None
-    return {"mean": statistics.fmean(values), "std": std, "p50": p50, "p90": p90, "p99": p99}
-
-
-def after_warmup(values: list[float], warmup: int) -> list[float]:
-    """``values`` without the first ``warmup``; all of them when nothing would be left."""
-    return values[warmup:] if len(values) > warmup else values
-
-
-def _nanmax(values: list[float]) -> float:
-    """The largest number, ignoring NaN (a rank with nothing to report); NaN if all are."""
-    present = [v for v in values if not math.isnan(v)]
-    return max(present) if present else NAN
 
 
 def _slowest(rows: list[list[float]], column: int) -> list[float]:
     """The row of the rank with the largest value in ``column`` (NaN counts as the smallest)."""
     return max(rows, key=lambda row: -math.inf if math.isnan(row[column]) else row[column])
-
-
-def _clean(value: float | None, digits: int = 6) -> float | None:
-    """A JSON-safe number: NaN (how a missing value travels between ranks) becomes None."""
-    return None if value is None or math.isnan(value) else round(value, digits)
 
 
 # --------------------------------------------------------------------------- across ranks
@@ -168,7 +79,7 @@ def memory_entries(rows: list[list[float]], start: int, device_type: str) -> tup
             if math.isnan(index):
                 continue  # padding: this rank used fewer devices than the widest one
             labels.append(f"rank{rank}" if index < 0 else f"rank{rank}_{device_type}{int(index)}")
-            values.append(_clean(mb, 1))
+            values.append(clean(mb, 1))
     return labels, values
 
 
@@ -203,7 +114,7 @@ def summarise_fit(epochs: list[dict[str, Any]], rows: list[list[float]]) -> dict
     total_seconds = sum(e["seconds"] for e in steady)
     slowest = _slowest(rows, 1)  # by mean iteration time
     return {
-        "epochs": [{k: _clean(v) if isinstance(v, float) else v for k, v in e.items()} for e in epochs],
+        "epochs": [{k: clean(v) if isinstance(v, float) else v for k, v in e.items()} for e in epochs],
         "first_epoch_seconds": epochs[0]["seconds"] if epochs else None,
         "epoch_seconds_mean": statistics.fmean(steady_seconds) if steady_seconds else None,
         "epoch_seconds_std": statistics.stdev(steady_seconds) if len(steady_seconds) > 1 else None,
@@ -216,8 +127,8 @@ def summarise_fit(epochs: list[dict[str, Any]], rows: list[list[float]]) -> dict
         "warmup_iterations_skipped": int(slowest[6]),
         "data_wait_fraction": sum(e["data_wait_seconds"] for e in steady) / total_seconds if total_seconds else None,
         "train_samples_per_second": sum(e["samples"] for e in steady) / total_seconds if total_seconds else None,
-        "fit_seconds": _nanmax([r[0] for r in rows]),
-        "val_epoch_seconds_mean": _nanmax([r[7] for r in rows]),
+        "fit_seconds": nanmax([r[0] for r in rows]),
+        "val_epoch_seconds_mean": nanmax([r[7] for r in rows]),
     }
 
 
@@ -229,9 +140,9 @@ def summarise_inference(stage: str, rows: list[list[float]]) -> dict[str, Any]:
     seconds = max(r[7] for r in rows)
     samples = sum(r[6] for r in rows)
     return {
-        f"{stage}_batch_latency_ms": {k: _clean(v * 1000, 3) for k, v in zip(STATS, slowest[:5], strict=True)},
-        f"{stage}_sample_latency_ms": _clean(slowest[7] / slowest[6] * 1000, 4) if slowest[6] else None,
-        f"{stage}_samples_per_second": _clean(samples / seconds, 2) if seconds > 0 else None,
+        f"{stage}_batch_latency_ms": {k: clean(v * 1000, 3) for k, v in zip(STATS, slowest[:5], strict=True)},
+        f"{stage}_sample_latency_ms": clean(slowest[7] / slowest[6] * 1000, 4) if slowest[6] else None,
+        f"{stage}_samples_per_second": clean(samples / seconds, 2) if seconds > 0 else None,
         f"{stage}_batches_measured": int(slowest[5]),
         f"{stage}_samples_measured": int(samples),
     }
@@ -334,21 +245,20 @@ class TimingCallback(Callback):
             raise ProjectError(f"timing.warmup_iterations={warmup_iterations} is not allowed: it must be >= 0")
         self.warmup_iterations = warmup_iterations
         self.report: dict[str, Any] = {}  # what rank 0 last wrote; empty on other ranks
-        self._sync: Callable[[], None] = _cpu_is_synchronous
+        self._clock: DeviceClock = HostClock()
         self._device = torch.device("cpu")
         self._train = _TrainRecorder(0.0)
         self._inference = _InferenceRecorder()
         self._epochs: list[dict[str, Any]] = []
 
     def _now(self) -> float:
-        self._sync()
-        return time.perf_counter()
+        return self._clock.wait()
 
     # -- fit ---------------------------------------------------------------------------------
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._device = trainer.strategy.root_device
-        self._sync = device_synchronizer(self._device)
+        self._clock = SyncingClock(synchronizer(self._device))
         if stage == "fit":  # the clock of fit_seconds starts here: the data is set up, the model not yet
             self._train = _TrainRecorder(self._now())
             self._epochs = []
@@ -398,7 +308,7 @@ class TimingCallback(Callback):
         labels, memory = memory_entries(rows, len(row), self._device.type)
         numbers = summarise_fit(self._epochs, rows)
         report = {**_run_description(trainer, pl_module)}
-        report.update({k: _clean(v) if isinstance(v, float) else v for k, v in numbers.items()})
+        report.update({k: clean(v) if isinstance(v, float) else v for k, v in numbers.items()})
         report.update(peak_memory_mb=memory, peak_memory_devices=labels)
         scalars = {f"time/summary/{k}": v for k, v in report.items() if isinstance(v, float)}
         scalars.update({f"memory/summary/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
