@@ -21,9 +21,12 @@ machine without any).
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -32,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jsonargparse import ArgumentParser
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import Callback
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
@@ -50,10 +55,12 @@ from project.callbacks.guards import FiniteLossGuard, LostRankWatchdog
 from project.callbacks.predictions import PredictionWriter
 from project.callbacks.reproducibility import ReseedEveryEpoch
 from project.callbacks.timing import TimingCallback
+from project.compat import add_subcommand
 from project.data import NUM_CLASSES, CIFAR10DataModule
 from project.errors import ProjectError
 from project.log import get_logger
 from project.model import ImageClassifier
+from project.strategies import leave_gloo_process_group, register_strategies
 
 log = get_logger(__name__)
 
@@ -66,43 +73,75 @@ CHECKPOINT_DEFAULTS = {
 }
 
 
+# The callbacks every run has, by the name of their options (``--timing.*``) and of their switch
+# (``--callbacks.timing=false``); configs/default.yaml lists them.
+DEFAULT_CALLBACKS: dict[str, type[Callback]] = {
+    "checkpoint": ModelCheckpoint,
+    "reseed_every_epoch": ReseedEveryEpoch,
+    "timing": TimingCallback,
+    "finite_loss_guard": FiniteLossGuard,
+    "atomic_checkpoints": AtomicCheckpoints,
+    "checkpoint_on_signal": CheckpointOnSignal,
+    "final_checkpoint": FinalCheckpoint,
+    "lost_rank_watchdog": LostRankWatchdog,
+    "predictions": PredictionWriter,
+}
+
+
 class ProjectCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        for name, callback in DEFAULT_CALLBACKS.items():
+            parser.add_lightning_class_args(callback, name)
+            parser.add_argument(
+                f"--callbacks.{name}", type=bool, default=True, help=f"Run the {callback.__name__} callback."
+            )
         parser.set_defaults(CHECKPOINT_DEFAULTS)
-        parser.add_lightning_class_args(ReseedEveryEpoch, "reseed_every_epoch")
-        parser.add_lightning_class_args(TimingCallback, "timing")
-        parser.add_lightning_class_args(FiniteLossGuard, "finite_loss_guard")
-        parser.add_lightning_class_args(AtomicCheckpoints, "atomic_checkpoints")
-        parser.add_lightning_class_args(CheckpointOnSignal, "checkpoint_on_signal")
-        parser.add_lightning_class_args(FinalCheckpoint, "final_checkpoint")
-        parser.add_lightning_class_args(LostRankWatchdog, "lost_rank_watchdog")
-        parser.add_lightning_class_args(PredictionWriter, "predictions")
+        self.callback_parsers = [*getattr(self, "callback_parsers", []), parser]
 
-    def _parse_ckpt_path(self) -> None:
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        add_subcommand(parser, "bench", bench_parser(), help=BENCH_HELP)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand == "bench":  # not a Trainer method: it runs fit and test commands itself
+            argv = sys.argv[1:] if args is None else list(args)
+            bench = self.config.bench
+            run_bench(bench.config, bench.out, shlex.join(["python", "-m", "project", *argv]))
+            raise SystemExit(0)
+        if subcommand:
+            self._resolve_ckpt_path(subcommand)
+
+    def _resolve_ckpt_path(self, subcommand: str) -> None:
         """Resolve ``--ckpt_path=last|best`` to a file and check the file, before LightningCLI reads the
         model's hyperparameters (``arch``, ...) from it, so a checkpoint named either way restores
         the network it was trained with."""
-        subcommand = self.config.get("subcommand")
-        if subcommand:
-            config = self.config[subcommand]
-            value = config.get("ckpt_path")
-            if value is None and subcommand != "fit":
-                log.warning(
-                    "%s runs on the model's freshly initialised weights; pass --ckpt_path=best, last or a file "
-                    "to evaluate a trained model",
-                    subcommand,
-                )
-            if value in ("last", "best"):
-                config.ckpt_path = find_checkpoint(value, _runs_root(config.trainer), allow_none=subcommand == "fit")
-            if config.ckpt_path not in (None, "hpc"):
-                check_checkpoint_file(config.ckpt_path, num_classes=NUM_CLASSES)  # one line naming a bad file
-        super()._parse_ckpt_path()
+        config = self.config[subcommand]
+        value = config.get("ckpt_path")
+        if value is None and subcommand != "fit":
+            log.warning(
+                "%s runs on the model's freshly initialised weights; pass --ckpt_path=best, last or a file "
+                "to evaluate a trained model",
+                subcommand,
+            )
+        if value in ("last", "best"):
+            config.ckpt_path = find_checkpoint(value, _runs_root(config.trainer), allow_none=subcommand == "fit")
+        if config.ckpt_path not in (None, "hpc"):
+            check_checkpoint_file(config.ckpt_path, num_classes=NUM_CLASSES)  # one line naming a bad file
 
     def before_instantiate_classes(self) -> None:
-        trainer = self.config[self.subcommand].trainer
+        config = self.config[self.subcommand]
+        trainer = config.trainer
         check_trainer_choices(trainer.get("strategy"), trainer.get("accelerator"), trainer.get("devices"))
+        switched_off = {name for name in DEFAULT_CALLBACKS if not config.callbacks[name]}
+        if trainer.get("enable_checkpointing") is False:
+            switched_off.add("checkpoint")  # the Trainer refuses a ModelCheckpoint it was told not to use
+        elif "checkpoint" in switched_off:
+            trainer.enable_checkpointing = False  # else the Trainer adds a ModelCheckpoint of its own
+        for parser in self.callback_parsers:  # the instantiated callbacks the Trainer is given
+            parser.callback_keys[:] = [key for key in parser.callback_keys if key not in switched_off]
         if trainer.get("benchmark") is None:
             # cuDNN's autotuner picks the fastest convolution kernels for the (fixed) input shape; it
             # may pick differently from run to run, so a deterministic run leaves it off. No effect on CPU.
@@ -233,6 +272,38 @@ def _runs_root(trainer_config: Any) -> Path:
     return Path(init_args.get("save_dir") or root) / (name or "")
 
 
+BENCH_PRESETS = Path(__file__).resolve().parents[1] / "configs" / "bench"
+BENCH_HELP = "Run a matrix of strategies x archs x batch sizes x device counts x precisions and compare them."
+
+
+def bench_parser() -> ArgumentParser:
+    """The options of ``python -m project bench``, with the presets that come with the template."""
+    presets = sorted(p.relative_to(BENCH_PRESETS.parents[1]) for p in BENCH_PRESETS.glob("*.yaml"))
+    parser = ArgumentParser(
+        description=f"{BENCH_HELP} Each cell runs as its own fit + test; results go to OUT/results.{{csv,md,png}}. "
+        f"Presets: {', '.join(map(str, presets))}.",
+        exit_on_error=False,
+    )
+    parser.add_argument("--config", type=str, required=True, help="the matrix: configs/bench/<preset>.yaml")
+    parser.add_argument("--out", type=str, required=True, help="folder for results.{csv,md,png} and runs/")
+    return parser
+
+
+def run_bench(config: str, out: str, command: str) -> None:
+    """``python -m project bench``: run (or resume) the matrix of ``config`` into ``out``."""
+    from project.bench import bench  # only this subcommand needs it
+
+    bench(Path(config), Path(out), command)
+
+
+@functools.cache
+def _register_once() -> None:
+    """Make the template's strategies known to Lightning before any Trainer exists; every process a
+    launcher starts runs ``python -m project`` again, and so this too."""
+    register_strategies()
+    atexit.register(leave_gloo_process_group)
+
+
 def main(args: ArgsType = None) -> ProjectCLI:
     """Entry point of ``python -m project``; ``args`` replaces ``sys.argv[1:]`` (for tests)."""
     handler = logging.StreamHandler()
@@ -241,6 +312,7 @@ def main(args: ArgsType = None) -> ProjectCLI:
     package_logger.handlers[:] = [handler]
     package_logger.setLevel(logging.INFO)
     package_logger.propagate = False
+    _register_once()
     # Parse errors raise instead of printing the whole usage, so they too come out as one line.
     raising = {"exit_on_error": False}
     try:
@@ -251,7 +323,6 @@ def main(args: ArgsType = None) -> ProjectCLI:
             trainer_defaults={"max_epochs": 10},
             save_config_kwargs={"overwrite": True},
             parser_kwargs={
-                # bench is dispatched before LightningCLI (project/__main__.py): name it where users look
                 "description": "Train, evaluate and time one image classifier; compare strategies with "
                 "`python -m project bench --help`.",
                 **raising,

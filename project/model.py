@@ -1,10 +1,9 @@
 """The LightningModule: image classification with a torchvision network, SGD with a warmed-up
 cosine schedule and cross-entropy, as in the material the template is built from.
 
-The module is the same under every strategy; two hooks let the strategies in :mod:`project.strategies`
-reach into it: ``configure_model`` shards the network for ``fsdp`` (and compiles it for
-``--model.compile=true``), and ``loss_in_network`` lets ``dp_balanced`` compute the loss inside each
-DataParallel replica (see :class:`NetWithLoss`).
+The module is the same under every strategy and names none of them: what the template's own
+strategies need of it -- the network in ``net``, the loss in ``criterion``, ... -- is the
+small contract of :mod:`project.strategies.contract`, which they check and use.
 
 The training and evaluation steps never read a device value on the host: on an accelerator such a
 read waits for every queued kernel and leaves the device idle while the host prepares the next step.
@@ -20,13 +19,11 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn import functional as F
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
-from torchvision.models import mobilenetv2, mobilenetv3, resnet, shufflenetv2
 
+from project.compat import loggers_write_this_step
 from project.errors import ProjectError
 from project.nets import build_network
 
@@ -48,45 +45,6 @@ class WarmupCosine:
             return (step + 1) / self.warmup_steps
         progress = (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-# The repeated blocks of torchvision's classifiers: FSDP makes each one a unit of its own, so only one
-# block's full parameters exist at a time on a rank while it computes.
-FSDP_BLOCKS = (
-    mobilenetv2.InvertedResidual,
-    mobilenetv3.InvertedResidual,
-    resnet.BasicBlock,
-    resnet.Bottleneck,
-    shufflenetv2.InvertedResidual,
-)
-
-
-class NetWithLoss(nn.Module):
-    """The network and the loss as one module. Called with labels, it returns the summed loss of its
-    images (shape ``(1,)``) and their predicted classes instead of the logits.
-
-    Wrapped in DataParallel (``dp_balanced``), every replica so computes the loss of its own share of
-    the batch, and only one number and one class index per image are gathered on the root device,
-    rather than every logit. Sums, not means, so replicas of unequal size add up exactly.
-
-    >>> net_with_loss = NetWithLoss(nn.Linear(4, 3), nn.CrossEntropyLoss())
-    >>> loss_sum, predictions = net_with_loss(torch.zeros(2, 4), torch.tensor([0, 1]))
-    >>> loss_sum.shape, predictions.shape, net_with_loss(torch.zeros(2, 4)).shape
-    (torch.Size([1]), torch.Size([2]), torch.Size([2, 3]))
-    """
-
-    def __init__(self, net: nn.Module, criterion: nn.Module) -> None:
-        super().__init__()
-        self.net, self.criterion = net, criterion
-
-    def forward(
-        self, images: torch.Tensor, labels: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        logits = self.net(images)
-        if labels is None:  # evaluation: the logits, as the bare network gives them
-            return logits
-        loss_sum = self.criterion(logits, labels) * len(labels)
-        return loss_sum.reshape(1), logits.argmax(dim=1)
 
 
 class SampleMean(MeanMetric):
@@ -127,12 +85,8 @@ class ImageClassifier(LightningModule):
         compile: Compile the network with ``torch.compile`` (the default inductor backend; on a CPU it
             needs a C++ compiler). The first steps of each stage, and of validation, take longer while it
             compiles. The network is compiled in place, so checkpoints keep the keys of an eager run and
-            load into either. Not with the ``dp`` strategies, whose DataParallel copies the network every
+            load into either. Not with DataParallel, which copies the network onto every GPU at each
             step, nor on XLA, which compiles its graphs itself.
-
-    Attributes:
-        loss_in_network: Set by the ``dp_balanced`` strategy while ``self.net`` is a DataParallel of a
-            :class:`NetWithLoss`, which then returns loss sums and predictions for a batch with labels.
     """
 
     def __init__(
@@ -163,20 +117,17 @@ class ImageClassifier(LightningModule):
         self.train_loss = SampleMean()
         self.val_loss = SampleMean()
         self.test_loss = SampleMean()
-        self.loss_in_network = False
         self._compiled = False
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.net(self._memory_format(images))
+        return self.net(self.prepare_images(images))
 
-    def _memory_format(self, images: torch.Tensor) -> torch.Tensor:
+    def prepare_images(self, images: torch.Tensor) -> torch.Tensor:
+        """The images as the network takes them: in channels_last memory order if so configured."""
         return images.contiguous(memory_format=torch.channels_last) if self.hparams.channels_last else images
 
     def training_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The mean loss of the batch and the predicted class of each image."""
-        if self.loss_in_network:  # dp_balanced: each replica returned the loss sum of its share
-            loss_sums, predictions = self.net(self._memory_format(images), labels)
-            return loss_sums.sum() / len(labels), predictions
         logits = self(images)
         return self.criterion(logits, labels), logits.argmax(dim=1)
 
@@ -190,17 +141,11 @@ class ImageClassifier(LightningModule):
         # self.log call costs about a millisecond of host time, as much as a small network's step
         # on a GPU. Not on the progress bar, which reads its values at every refresh (every step)
         # and so would wait for the device each time; it shows val/loss and val/acc.
-        if self._loggers_write_this_step():
+        if loggers_write_this_step(self.trainer):
             self.log("train/loss_step", loss)
             # A CPU tensor: self.log copies a Python float to the device, a sync there.
             self.log("train/lr", torch.tensor(self.lr_schedulers().get_last_lr()[0]))
         return loss
-
-    def _loggers_write_this_step(self) -> bool:
-        """True on the training steps whose logged values Lightning passes to the loggers: the
-        same test its own LearningRateMonitor makes (Lightning 2.x internals)."""
-        trainer = self.trainer
-        return trainer._logger_connector.should_update_logs or bool(trainer.fast_dev_run)
 
     def on_train_epoch_end(self) -> None:
         self._log_epoch_metrics("train", ("loss", "acc"))
@@ -239,45 +184,20 @@ class ImageClassifier(LightningModule):
         return self(batch[0]).argmax(dim=1)
 
     def configure_model(self) -> None:
-        """Shard the network under ``--trainer.strategy=fsdp`` (FSDP2 through ModelParallelStrategy, the
-        only strategy that gives the module a device mesh): every block of :data:`FSDP_BLOCKS`, then the
-        rest of the network as the root unit. Parameters, gradients and optimizer state are then split
-        across the ranks. Then, with ``compile``, compile the (sharded) network in place. Lightning
-        calls this for fit, validate, test and predict alike: a network sharded or compiled already is
-        left as it is.
-        """
-        if self.device_mesh is not None and not isinstance(self.net, FSDPModule):
-            self._shard(self.device_mesh["data_parallel"])
+        """With ``compile``, compile the network in place. Lightning calls this for fit, validate, test
+        and predict alike, before the strategy sets the module up: a network compiled already is left
+        as it is. (A sharding strategy shards the network after this.)"""
         if self.hparams.compile and not self._compiled:
-            self._check_compile_is_possible()
+            if self.trainer.strategy.root_device.type == "xla":
+                raise ProjectError("--model.compile=true is not for XLA, which compiles the graph itself; leave it off")
             # nn.Module.compile, not torch.compile(self.net): the module stays the same object, so
             # state_dict keys and checkpoints are those of an eager run.
             self.net.compile()
             self._compiled = True
 
-    def _check_compile_is_possible(self) -> None:
-        strategy = self.trainer.strategy
-        name = getattr(strategy, "strategy_name", "")
-        if name in ("dp", "dp_balanced"):
-            raise ProjectError(
-                f"--model.compile=true does not work with --trainer.strategy={name}: DataParallel copies the network "
-                "onto every GPU at each step, and the copies would call the original's compiled code; use ddp"
-            )
-        if strategy.root_device.type == "xla":
-            raise ProjectError("--model.compile=true is not for XLA, which compiles the graph itself; leave it off")
-
-    def _shard(self, mesh: DeviceMesh) -> None:
-        # FSDP2 shards contiguous parameters only. The images stay channels_last (see forward), and a
-        # convolution follows its input's memory layout.
-        self.net.to(memory_format=torch.contiguous_format)
-        for block in self.net.modules():
-            if isinstance(block, FSDP_BLOCKS):
-                fully_shard(block, mesh=mesh)
-        fully_shard(self.net, mesh=mesh)
-
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        # Under fsdp, configure_model has run already: these are the sharded parameters, so each rank's
+        # Under a sharding strategy these are the sharded parameters already, so each rank's
         # optimizer keeps state for its own shard only.
         optimizer = torch.optim.SGD(
             self.parameters(), lr=hp.lr, momentum=hp.momentum, nesterov=hp.nesterov, weight_decay=hp.weight_decay

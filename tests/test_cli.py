@@ -181,3 +181,42 @@ def test_cudnn_autotuning_is_on_unless_deterministic(
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", not benchmark)  # restored after the test
     main(["validate", *tiny_args, *options, "--trainer.limit_val_batches=1"])
     assert torch.backends.cudnn.benchmark is benchmark
+
+
+def test_each_default_callback_can_be_switched_off(tiny_args: list[str], tmp_path: Path) -> None:
+    from project.callbacks.timing import TimingCallback
+    from project.cli import DEFAULT_CALLBACKS
+
+    cli = main(["fit", *tiny_args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
+    on = {type(c) for c in cli.trainer.callbacks}
+    assert set(DEFAULT_CALLBACKS.values()) <= on  # every one on by default
+    off = main(
+        ["fit", *tiny_args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--callbacks.timing=false"]
+    )
+    assert TimingCallback not in {type(c) for c in off.trainer.callbacks}
+    assert not (Path(off.trainer.log_dir) / "timing.json").exists()
+
+
+@pytest.mark.parametrize("option", ["--trainer.enable_checkpointing=false", "--callbacks.checkpoint=false"])
+def test_checkpointing_can_be_switched_off(tiny_args: list[str], tmp_path: Path, option: str) -> None:
+    cli = main(["fit", *tiny_args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", option])
+    assert cli.trainer.checkpoint_callback is None
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_default_yaml_lists_the_default_callbacks(capsys: pytest.CaptureFixture) -> None:
+    from project.cli import DEFAULT_CALLBACKS
+
+    listed = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["callbacks"]
+    assert listed == dict.fromkeys(DEFAULT_CALLBACKS, True)
+
+
+def test_bench_is_a_subcommand_of_the_command_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "project", "--help"], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert result.returncode == 0 and "bench" in result.stdout
+    result = subprocess.run(
+        [sys.executable, "-m", "project", "bench", "--help"], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert result.returncode == 0 and "--out" in result.stdout and "configs/bench/cpu-smoke.yaml" in result.stdout

@@ -26,8 +26,15 @@ from torch.distributed.tensor import DTensor
 from project.cli import main
 from project.data import EvenBatchSampler
 from project.errors import DataError, ProjectError
-from project.model import FSDP_BLOCKS, ImageClassifier, NetWithLoss
-from project.strategies import DataParallelStrategy, FullyShardedStrategy, leave_gloo_process_group
+from project.model import ImageClassifier
+from project.strategies import (
+    DataParallelStrategy,
+    FullyShardedStrategy,
+    leave_gloo_process_group,
+    register_strategies,
+)
+from project.strategies.dp import NetWithLoss
+from project.strategies.fsdp import SHARDED_BLOCKS, shard_network
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,6 +130,9 @@ def recorder_args(out: Path) -> list[str]:
 def last_checkpoint(root: Path, version: int = 0) -> dict[str, Any]:
     return torch.load(root / f"lightning_logs/version_{version}/checkpoints/last.ckpt", weights_only=False)
 
+
+# As a Python user of the strategies does; the command line registers them itself when it starts.
+register_strategies()
 
 # --------------------------------------------------------------------------- names
 
@@ -322,14 +332,13 @@ def test_a_gloo_process_group_is_left_at_exit() -> None:
 @pytest.mark.parametrize("arch, block", [("mobilenet_v2", "InvertedResidual"), ("resnet50", "Bottleneck")])
 def test_fsdp_shards_every_block_then_the_root_once(one_process_group: Any, arch: str, block: str) -> None:
     model = ImageClassifier(arch=arch)
-    blocks = [m for m in model.net.modules() if isinstance(m, FSDP_BLOCKS)]
+    blocks = [m for m in model.net.modules() if isinstance(m, SHARDED_BLOCKS)]
     assert blocks and {type(m).__name__ for m in blocks} == {block}
-    model._device_mesh = one_process_group
-    model.configure_model()
+    shard_network(model.net, one_process_group["data_parallel"])
     sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
     assert sharded == [model.net, *blocks]
     assert all(isinstance(p, DTensor) for p in model.parameters())
-    model.configure_model()  # again, as for validate/test after fit: nothing changes
+    shard_network(model.net, one_process_group["data_parallel"])  # again, as for validate/test after fit
     assert [m for m in model.modules() if isinstance(m, FSDPModule)] == sharded
 
 
@@ -359,3 +368,42 @@ def test_strategy_config_files_compose_with_the_default_config(capsys: pytest.Ca
         "tpu": "xla",
         "xla_cpu": "single_xla",
     }
+
+
+class WithoutNet(LightningModule):
+    """A user's own LightningModule, with its network under another name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.backbone(batch).sum()
+
+    def configure_model(self) -> None:  # Lightning's ModelParallelStrategy insists on it
+        pass
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("name", ["dp", "dp_balanced"])
+def test_a_module_without_the_contract_gets_one_line_naming_what_it_lacks(name: str) -> None:
+    trainer = Trainer(strategy=name, accelerator="cpu", devices=1, logger=False, max_steps=1, enable_progress_bar=False)
+    with pytest.raises(ProjectError) as error:
+        trainer.fit(WithoutNet(), torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4))
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"--trainer.strategy={name} needs a LightningModule with its network in `net`")
+    assert "WithoutNet has no `net`" in message and "project/strategies/contract.py" in message
+
+
+def test_the_template_module_meets_the_contract() -> None:
+    from project.strategies.contract import REQUIRED, ParallelizableModule, check_module
+
+    model = ImageClassifier()
+    assert isinstance(model, ParallelizableModule)
+    for name in REQUIRED:
+        check_module(model, name)
+    with pytest.raises(ProjectError, match="--trainer.strategy=fsdp needs"):
+        check_module(WithoutNet(), "fsdp")

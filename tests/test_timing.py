@@ -9,7 +9,6 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -19,15 +18,18 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, Dataset
 
-from project.callbacks.timing import (
-    TimingCallback,
+from project.callbacks.timing import TimingCallback
+from project.cli import main
+from project.measure.summary import (
+    EpochRecord,
+    FitRecord,
+    InferenceRecord,
+    gather_records,
     memory_entries,
     summarise_epoch,
     summarise_fit,
     summarise_inference,
 )
-from project.cli import main
-from project.measure.devices import peak_memory_mb, synchronizer
 
 # The reference for each figure is how long the sleeps really lasted, timed where they happen: on a
 # busy machine a sleep can wake up late, and that is time the callback must count, not an error.
@@ -304,16 +306,25 @@ def test_two_ddp_processes_report_every_rank(tiny_args: list[str], tmp_path: Pat
 
 def test_ranks_are_summarised_by_the_slowest_time_and_all_samples() -> None:
     nan = math.nan
-    # rows: [seconds, samples, data-wait seconds, validation seconds] + (index, MiB) pairs
-    epoch = summarise_epoch(1, [[2.0, 80, 0.5, 0.3, -1, 900.0], [3.0, 80, 0.2, 0.4, -1, 800.0]])
+    epoch = summarise_epoch(
+        1,
+        [
+            EpochRecord(seconds=2.0, samples=80, data_wait_seconds=0.5, val_seconds=0.3),
+            EpochRecord(seconds=3.0, samples=80, data_wait_seconds=0.2, val_seconds=0.4),
+        ],
+    )
     assert (epoch["seconds"], epoch["samples"], epoch["samples_per_second"]) == (3.0, 160, 160 / 3.0)
     assert (epoch["data_wait_seconds"], epoch["val_seconds"]) == (0.5, 0.4)
 
     first = {"epoch": 0, "seconds": 9.0, "samples": 160, "samples_per_second": 160 / 9, "data_wait_seconds": 1.0}
     epochs = [{**first, "val_seconds": 0.1}, epoch, {**epoch, "epoch": 2, "seconds": 5.0}]
-    # rows: [fit s, iteration mean, std, p50, p90, measured, skipped, validation mean]
-    fit_rows = [[20.0, 0.10, 0.01, 0.10, 0.11, 30, 3, 0.3], [21.0, 0.12, 0.02, 0.12, 0.13, 30, 3, nan]]
-    fit = summarise_fit(epochs, fit_rows)
+    fit = summarise_fit(
+        epochs,
+        [
+            FitRecord(20.0, 0.10, 0.01, 0.10, 0.11, iterations_measured=30, warmup_skipped=3, val_mean=0.3),
+            FitRecord(21.0, 0.12, 0.02, 0.12, 0.13, iterations_measured=30, warmup_skipped=3, val_mean=nan),
+        ],
+    )
     assert fit["first_epoch_seconds"] == 9.0  # kept out of the steady state:
     assert fit["epoch_seconds_mean"] == 4.0 and fit["epoch_seconds_std"] == pytest.approx(math.sqrt(2))
     assert fit["iteration_seconds_mean"] == 0.12 and fit["iteration_seconds_p90"] == 0.13  # rank 1 is slower
@@ -321,52 +332,129 @@ def test_ranks_are_summarised_by_the_slowest_time_and_all_samples() -> None:
     assert fit["train_samples_per_second"] == pytest.approx(320 / 8.0)
     assert fit["data_wait_fraction"] == pytest.approx(1.0 / 8.0)
 
-    # rows: [latency mean, std, p50, p90, p99 (s), batches, samples, seconds]
     test = summarise_inference(
-        "test", [[0.02, 0.0, 0.02, 0.02, 0.02, 5, 50, 0.1], [0.04, 0, 0.04, 0.04, 0.04, 5, 50, 0.2]]
+        "test",
+        [
+            InferenceRecord(0.02, 0.0, 0.02, 0.02, 0.02, batches=5, samples=50, seconds=0.1),
+            InferenceRecord(0.04, 0.0, 0.04, 0.04, 0.04, batches=5, samples=50, seconds=0.2),
+        ],
     )
     assert test["test_batch_latency_ms"]["mean"] == 40.0 and test["test_sample_latency_ms"] == 4.0
     assert test["test_samples_per_second"] == 500.0  # 100 samples over the slowest rank's 0.2 s
 
 
 def test_memory_is_one_entry_per_device_used() -> None:
-    nan = math.nan
-    rows = [[0.0, 0, 900.0, 1, 300.0], [0.0, 1, 850.0, nan, nan]]  # rank 0 drove two GPUs, rank 1 one
-    assert memory_entries(rows, 1, "cuda") == (["rank0_cuda0", "rank0_cuda1", "rank1_cuda1"], [900.0, 300.0, 850.0])
-    assert memory_entries([[5.0, -1, 700.0]], 1, "cpu") == (["rank0"], [700.0])
+    # rank 0 drove two GPUs, rank 1 one
+    memories = [[(0, 900.0), (1, 300.0)], [(1, 850.0)]]
+    assert memory_entries(memories, "cuda") == (["rank0_cuda0", "rank0_cuda1", "rank1_cuda1"], [900.0, 300.0, 850.0])
+    assert memory_entries([[(-1, 700.0)]], "cpu") == (["rank0"], [700.0])
 
 
-def test_cpu_memory_is_the_process_peak_resident_size() -> None:
-    status = Path("/proc/self/status").read_text()
-    high_water_mb = int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) / 1024
-    [(index, mb)] = peak_memory_mb(torch.device("cpu"))
-    assert index == -1 and mb == pytest.approx(high_water_mb, rel=0.05)
+def test_records_travel_between_ranks_by_name() -> None:
+    """Two ranks' records through one all_gather of float rows, padded memory included."""
+    mine = FitRecord(20.0, 0.1, nan := math.nan, 0.1, 0.1, 30, 3, nan)
+    theirs = [21.0, 0.2, 0.0, 0.2, 0.2, 30, 3, 0.5, 1, 800.0, nan, nan]
+
+    def all_gather(local: torch.Tensor) -> torch.Tensor:
+        return torch.stack([local, torch.tensor(theirs, dtype=local.dtype)])
+
+    [(first, first_memory), (second, second_memory)] = gather_records(
+        mine, [(0, 900.0), (1, 300.0)], 2, all_gather, torch.device("cpu"), width=2
+    )
+    assert first.fit_seconds == 20.0 and first_memory == [(0, 900.0), (1, 300.0)]
+    assert second == FitRecord(21.0, 0.2, 0.0, 0.2, 0.2, 30, 3, 0.5) and second_memory == [(1, 800.0)]
 
 
-def test_cuda_memory_lists_every_gpu_the_process_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    peaks = {0: 3 * 2**30, 1: 0, 2: 2**30}  # as DataParallel leaves them: the root GPU holds more
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda i: peaks[i])
-    assert peak_memory_mb(torch.device("cuda", 0)) == [(0, 3072.0), (2, 1024.0)]
+# --------------------------------------------------------------------------- an asynchronous device
 
 
-def test_the_device_is_waited_for_where_it_runs_asynchronously(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = []
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("cuda", device)))
-    synchronizer(torch.device("cuda", 1))()
-    assert calls == [("cuda", torch.device("cuda", 1))]
+class FakeAsyncDevice:
+    """A device clock whose marks are numbered events and whose ``seconds`` between two marks are
+    known: 10 ms per mark apart. It counts the waits, which on a GPU are what stalls the host."""
 
-    # torch_xla is imported only when the device is an XLA one: stand in for it here
-    xla_model = types.SimpleNamespace(wait_device_ops=lambda: calls.append(("xla", None)))
-    for name, module in {
-        "torch_xla": types.ModuleType("torch_xla"),
-        "torch_xla.core": types.ModuleType("torch_xla.core"),
-        "torch_xla.core.xla_model": xla_model,
-    }.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    sys.modules["torch_xla"].core = sys.modules["torch_xla.core"]
-    sys.modules["torch_xla.core"].xla_model = xla_model
-    synchronizer(torch.device("xla", 0))()
-    assert calls[-1] == ("xla", None)
+    def __init__(self) -> None:
+        self.marks = 0
+        self.waits = 0
+        self.waits_at_mark: list[int] = []  # the wait count when each mark was taken
 
-    assert synchronizer(torch.device("cpu")) is None  # a CPU's operations have finished when they return
+    def mark(self) -> int:
+        self.marks += 1
+        self.waits_at_mark.append(self.waits)
+        return self.marks
+
+    def wait(self) -> float:
+        self.waits += 1
+        return time.perf_counter()
+
+    def seconds(self, start: int, end: int) -> float:
+        return (end - start) * 0.010
+
+
+def fit_on_fake_device(tmp_path: Path, batches: int, **options: object) -> tuple[FakeAsyncDevice, dict]:
+    device = FakeAsyncDevice()
+    callback = TimingCallback(warmup_iterations=1, **options)
+    callback.make_clock = lambda torch_device, sync_every_step: device
+    trainer = sleepy_trainer(tmp_path, callback, epochs=2, logger=False)
+    trainer.limit_train_batches = batches
+    trainer.fit(Sleepy(step_s=0.0), loader(), val_loader())
+    return device, callback.report
+
+
+def test_no_wait_for_the_device_inside_an_epoch(tmp_path: Path) -> None:
+    few, report = fit_on_fake_device(tmp_path / "few", batches=2)
+    many, _ = fit_on_fake_device(tmp_path / "many", batches=5)
+    # Waits only at the boundaries (setup, each epoch's start and end, each validation's start and
+    # end, the end of fit): as many for 5 batches an epoch as for 2.
+    assert few.waits == many.waits == 1 + 2 * (2 + 2) + 1
+    assert many.marks == 2 * 2 * 5  # a start and an end mark per batch
+    # within an epoch, every mark was taken with no wait between: the waits seen at the marks of one
+    # epoch are all the same number
+    per_epoch = [many.waits_at_mark[i : i + 10] for i in (0, 10)]
+    assert all(len(set(marks)) == 1 for marks in per_epoch)
+    # the iteration times are assembled from the event pairs: each pair is 1 mark apart = 10 ms
+    assert report["iteration_seconds_mean"] == pytest.approx(0.010)
+    assert report["iteration_seconds_std"] == pytest.approx(0.0, abs=1e-12)
+    assert report["iterations_measured"] == 2 * 2 - 1 and report["warmup_iterations_skipped"] == 1
+
+
+def test_test_latencies_come_from_event_pairs_read_once(tmp_path: Path) -> None:
+    device = FakeAsyncDevice()
+    callback = TimingCallback(warmup_iterations=0)
+    callback.make_clock = lambda torch_device, sync_every_step: device
+    trainer = sleepy_trainer(tmp_path, callback, epochs=1, logger=False)
+    trainer.test(Sleepy(), DataLoader(Vectors(4 * BATCH_SIZE), batch_size=BATCH_SIZE))
+    assert device.marks == 2 * 4 and device.waits == 1  # one wait, at the end of the stage
+    assert callback.report["test_batch_latency_ms"]["mean"] == pytest.approx(10.0)
+    assert callback.report["test_samples_per_second"] == pytest.approx(4 * BATCH_SIZE / 0.040, rel=1e-3)
+
+
+def test_sync_every_step_picks_a_clock_that_waits_at_every_mark() -> None:
+    from project.measure.devices import CudaEventClock, HostClock, SyncingClock, device_clock
+
+    assert type(device_clock(torch.device("cpu"))) is HostClock
+    assert type(device_clock(torch.device("cuda", 0))) is CudaEventClock  # events: no host wait per step
+    assert type(device_clock(torch.device("cuda", 0), sync_every_step=True)) is SyncingClock
+    waits = []
+    clock = SyncingClock(lambda: waits.append(1))
+    clock.mark(), clock.mark()
+    assert len(waits) == 2
+    host = HostClock(lambda: waits.append(1))
+    host.mark()
+    assert len(waits) == 2  # a host clock marks without waiting
+
+
+def test_work_and_environment_are_reported(tmp_path: Path, tiny_args: list[str]) -> None:
+    main(["fit", *tiny_args, "--trainer.max_epochs=2"])
+    report = json.loads(next(tmp_path.rglob("timing.json")).read_text())
+    flops = report["model_flops_per_sample"]
+    assert flops["train"] > flops["inference"] > 0
+    assert report["train_tflops_per_second"] > 0
+    assert report["mfu"] is None and report["peak_tflops"] is None  # a CPU: no peak, no guess
+    assert {"device_name", "torch", "lightning", "git_commit", "date"} <= report["environment"].keys()
+
+
+def test_an_injected_peak_gives_the_mfu(tmp_path: Path, tiny_args: list[str]) -> None:
+    main(["fit", *tiny_args, "--timing.peak_tflops=0.5"])
+    report = json.loads(next(tmp_path.rglob("timing.json")).read_text())
+    assert report["peak_tflops"] == 0.5
+    assert report["mfu"] == pytest.approx(report["train_tflops_per_second"] / 0.5, rel=1e-3)

@@ -18,6 +18,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from project.compat import last_global_step_saved
 from project.errors import ProjectError
 from project.log import get_logger
 
@@ -135,7 +136,7 @@ class FinalCheckpoint(Callback):
         checkpoint = trainer.checkpoint_callback
         if not isinstance(checkpoint, ModelCheckpoint) or not checkpoint.save_last or not checkpoint.dirpath:
             return
-        if getattr(checkpoint, "_last_global_step_saved", None) == trainer.global_step:  # Lightning 2.x
+        if last_global_step_saved(checkpoint) == trainer.global_step:
             return  # saved at this step already
         trainer.save_checkpoint(
             Path(checkpoint.dirpath) / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"

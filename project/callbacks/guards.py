@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
+from project.compat import is_subprocess_script_launcher
 from project.errors import ProjectError
 from project.log import get_logger
 
@@ -45,7 +45,7 @@ class LostRankWatchdog(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         launcher = trainer.strategy.launcher
-        if trainer.world_size < 2 or not isinstance(launcher, _SubprocessScriptLauncher):
+        if trainer.world_size < 2 or not is_subprocess_script_launcher(launcher):
             return
         self._rank, self._world = trainer.global_rank, trainer.world_size
         if trainer.local_rank == 0:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 
+from project.compat import restart_training_batches
 from project.log import get_logger
 
 log = get_logger(__name__)
@@ -58,7 +59,7 @@ class ReseedEveryEpoch(Callback):
         sampler.resume_at(trainer.current_epoch, batches_done)
         if batches_done == 0:
             _reseed(int(seed), trainer.current_epoch)  # what on_train_epoch_start would have done
-        _rebuild_training_iterator(trainer)  # it draws a seed from torch's generator, as it did in the unbroken run
+        restart_training_batches(trainer)  # it draws a seed from torch's generator, as it did in the unbroken run
         if batches_done > 0 and self._saved_generators is not None:
             _set_generator_states(self._saved_generators)  # as they were after the checkpoint's step
 
@@ -70,7 +71,7 @@ class ReseedEveryEpoch(Callback):
         resumed = self._first_epoch_of_process and trainer.current_epoch > 0
         self._first_epoch_of_process = False
         if resumed:
-            _rebuild_training_iterator(trainer)  # the sampler already holds this epoch (set_epoch ran)
+            restart_training_batches(trainer)  # the sampler already holds this epoch (set_epoch ran)
 
     def state_dict(self) -> dict[str, Any]:
         return {"generators": _generator_states()}
@@ -82,12 +83,6 @@ class ReseedEveryEpoch(Callback):
 def _reseed(seed: int, epoch: int) -> None:
     seed_everything(seed + epoch, workers=True, verbose=False)
     os.environ["PL_GLOBAL_SEED"] = str(seed)  # seed_everything overwrote it; keep the run's base seed
-
-
-def _rebuild_training_iterator(trainer: Trainer) -> None:
-    fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)  # Lightning 2.x internals
-    if fetcher is not None:
-        iter(fetcher)
 
 
 def _generator_states() -> dict[str, Any]:

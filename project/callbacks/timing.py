@@ -1,33 +1,40 @@
-"""Honest wall-clock numbers for training and inference: :class:`TimingCallback`.
+"""Honest numbers for training and inference that do not slow down what they measure:
+:class:`TimingCallback`.
 
-Every rank measures itself with ``time.perf_counter()``, waiting for the device at each timing
-boundary where it runs asynchronously (CUDA and MPS synchronise, XLA waits for its queued device
-operations, the CPU needs nothing), so a number covers the work and not just its queueing.
-In the hot loop the callback only appends Python floats; ranks exchange their numbers once per
-epoch and once at the end of a stage, with a collective that every rank calls, and rank 0 sums
-them up: a time is the SLOWEST rank's (everyone waits for it), a throughput counts the samples of
-ALL ranks, memory is listed per rank (and per device when one process drives several).
+Every rank times itself through a :class:`project.measure.devices.DeviceClock`. Inside an epoch or
+a test/predict stage it only *marks* points in the device's work -- on CUDA, events recorded on the
+current stream, so the host never waits for the GPU and the next batch's copies and launches still
+overlap the current step. The device is waited for once at each epoch or stage boundary, and the
+marks are read then. Ranks exchange their records once per epoch and once at the end of a stage
+(:mod:`project.measure.summary`); rank 0 writes them out.
 
-What is measured (see ``timing.json`` in the run folder for the keys):
+What each figure is (``timing.json`` in the run folder holds them; ``docs/timing.md`` the details):
 
-- training epoch: from ``on_train_epoch_start`` to ``on_train_epoch_end``, minus the validation
-  runs inside it; the process's first epoch (warm-up, compilation, worker start-up) is reported
-  on its own and kept out of the steady-state mean and std;
-- iteration: ``on_train_batch_start`` to ``on_train_batch_end`` -- forward, backward and optimizer
-  step -- with the first ``warmup_iterations`` of the process left out;
-- data wait: from the end of one training batch to the start of the next (loading the batch,
-  copying it to the device, the loop's bookkeeping), as a fraction of the epoch time;
-- validation: each validation run during fit (the sanity check excluded);
-- test / predict: per-batch latency (mean, std, p50, p90, p99) after ``warmup_iterations``
-  batches, per-sample latency and samples per second of that compute;
+- training epoch: host wall time from ``on_train_epoch_start`` to ``on_train_epoch_end``, with the
+  device waited for at both ends, minus the validation runs inside it; the process's first epoch
+  (warm-up, compilation, worker start-up) is reported on its own, outside the steady mean and std;
+- iteration: from ``on_train_batch_start`` to ``on_train_batch_end`` (forward, backward, optimizer
+  step), the first ``warmup_iterations`` of the process left out. On CUDA it is the GPU's time
+  between two events: from when the GPU reached the batch's start (after the work queued before
+  it) to when it finished the step. On a CPU it is host time, which there is the same thing. On XLA
+  it is the host's tracing and dispatch only (a per-step wait would serialise the lazy pipeline):
+  there, epoch times are the ones to compare. ``sync_every_step=True`` gives the old, fully
+  synchronised per-step wall times everywhere, at the cost of that overlap;
+- data wait: host time from the end of one training batch to the start of the next (the loop
+  waiting for the loader, the copy to the device, the loop's bookkeeping), as a fraction of the
+  epoch time;
+- test / predict: per-batch latency (mean, std, p50, p90, p99; on CUDA from events as above) after
+  ``warmup_iterations`` batches, per-sample latency and samples per second of that compute;
+- work: the network's FLOPs per training and per inference sample, counted once
+  (:mod:`project.measure.flops`), hence TFLOP/s achieved (all ranks) and, where the device's peak
+  for the run's precision is known, MFU; ``null`` elsewhere (a CPU), never a guess;
 - peak memory: CUDA's peak allocated memory of every GPU the process used; on CPU the process's
-  peak resident set size (``getrusage``); XLA's peak where the runtime reports it. Peaks are since
-  the process started (the CPU's cannot be reset), so run fit and test as separate commands -- as
-  ``python -m project bench`` does -- to see each on its own.
+  peak resident set size; XLA's peak where the runtime reports it. Peaks are since the process
+  started, so run fit and test as separate commands (as ``python -m project bench`` does).
 
-Rank 0 writes TensorBoard scalars (``time/...``, ``memory/...``) every epoch and at the end,
-merges its stage's keys into ``<log_dir>/timing.json`` at the end of fit, test and predict, and
-prints a short table. Without a logger it only prints.
+Rank 0 writes TensorBoard scalars (``time/...``, ``memory/...``) every epoch and at the end, merges
+its stage's keys and the run's environment (:mod:`project.measure.environment`) into
+``<log_dir>/timing.json`` at the end of fit, test and predict, and prints a short table.
 """
 
 from __future__ import annotations
@@ -35,278 +42,127 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.data import extract_batch_size
+from torch import nn
 
 from project.errors import ProjectError
-from project.measure.devices import DeviceClock, HostClock, SyncingClock, peak_memory_mb, synchronizer
-from project.measure.stats import STATS, after_warmup, clean, describe, nanmax
-
-NAN = float("nan")
-
-
-def _slowest(rows: list[list[float]], column: int) -> list[float]:
-    """The row of the rank with the largest value in ``column`` (NaN counts as the smallest)."""
-    return max(rows, key=lambda row: -math.inf if math.isnan(row[column]) else row[column])
-
-
-# --------------------------------------------------------------------------- across ranks
-
-
-def gather_rows(trainer: Trainer, row: list[float]) -> list[list[float]]:
-    """Every rank's ``row`` (all of the same length), in rank order.
-
-    A collective: every rank must call it at the same point, or the run hangs.
-    """
-    if trainer.world_size == 1:
-        return [row]
-    local = torch.tensor(row, dtype=torch.float64, device=trainer.strategy.root_device)
-    return trainer.strategy.all_gather(local).reshape(trainer.world_size, len(row)).tolist()
-
-
-def memory_entries(rows: list[list[float]], start: int, device_type: str) -> tuple[list[str], list[float | None]]:
-    """Unpack the ``(index, MiB)`` pairs that follow position ``start`` of every rank's row into
-    labels (``rank0``, or ``rank0_cuda1`` on an accelerator) and values, one per device used."""
-    labels, values = [], []
-    for rank, row in enumerate(rows):
-        pairs = row[start:]
-        for index, mb in zip(pairs[::2], pairs[1::2], strict=True):
-            if math.isnan(index):
-                continue  # padding: this rank used fewer devices than the widest one
-            labels.append(f"rank{rank}" if index < 0 else f"rank{rank}_{device_type}{int(index)}")
-            values.append(clean(mb, 1))
-    return labels, values
-
-
-def summarise_epoch(epoch: int, rows: list[list[float]]) -> dict[str, Any]:
-    """One epoch across ranks, from rows ``[seconds, samples, data-wait seconds, validation
-    seconds, ...]``: the slowest rank's times, every rank's samples.
-
-    >>> summarise_epoch(3, [[2.0, 100, 0.2, 0.5], [2.5, 100, 0.1, 0.4]])["samples_per_second"]
-    80.0
-    """
-    seconds = max(r[0] for r in rows)
-    samples = int(sum(r[1] for r in rows))
-    return {
-        "epoch": epoch,
-        "seconds": seconds,
-        "samples": samples,
-        "samples_per_second": samples / seconds if seconds > 0 else None,
-        "data_wait_seconds": max(r[2] for r in rows),
-        "val_seconds": max(r[3] for r in rows),
-    }
-
-
-def summarise_fit(epochs: list[dict[str, Any]], rows: list[list[float]]) -> dict[str, Any]:
-    """The fit report's numbers from the per-epoch summaries and the ranks' end-of-fit rows
-    ``[fit seconds, iteration mean, std, p50, p90, measured, skipped, validation mean, ...]``.
-
-    Steady state is every epoch after the process's first; with a single epoch there is none,
-    and the rates fall back to that epoch.
-    """
-    steady = epochs[1:] or epochs
-    steady_seconds = [e["seconds"] for e in epochs[1:]]
-    total_seconds = sum(e["seconds"] for e in steady)
-    slowest = _slowest(rows, 1)  # by mean iteration time
-    return {
-        "epochs": [{k: clean(v) if isinstance(v, float) else v for k, v in e.items()} for e in epochs],
-        "first_epoch_seconds": epochs[0]["seconds"] if epochs else None,
-        "epoch_seconds_mean": statistics.fmean(steady_seconds) if steady_seconds else None,
-        "epoch_seconds_std": statistics.stdev(steady_seconds) if len(steady_seconds) > 1 else None,
-        "steady_epochs": len(steady_seconds),
-        "iteration_seconds_mean": slowest[1],
-        "iteration_seconds_std": slowest[2],
-        "iteration_seconds_p50": slowest[3],
-        "iteration_seconds_p90": slowest[4],
-        "iterations_measured": int(slowest[5]),
-        "warmup_iterations_skipped": int(slowest[6]),
-        "data_wait_fraction": sum(e["data_wait_seconds"] for e in steady) / total_seconds if total_seconds else None,
-        "train_samples_per_second": sum(e["samples"] for e in steady) / total_seconds if total_seconds else None,
-        "fit_seconds": nanmax([r[0] for r in rows]),
-        "val_epoch_seconds_mean": nanmax([r[7] for r in rows]),
-    }
-
-
-def summarise_inference(stage: str, rows: list[list[float]]) -> dict[str, Any]:
-    """Test or predict numbers from rows ``[latency mean, std, p50, p90, p99 (seconds), batches,
-    samples, seconds, ...]``: the slowest rank's latencies, the samples of all ranks over the
-    slowest rank's compute time."""
-    slowest = _slowest(rows, 0)  # by mean batch latency
-    seconds = max(r[7] for r in rows)
-    samples = sum(r[6] for r in rows)
-    return {
-        f"{stage}_batch_latency_ms": {k: clean(v * 1000, 3) for k, v in zip(STATS, slowest[:5], strict=True)},
-        f"{stage}_sample_latency_ms": clean(slowest[7] / slowest[6] * 1000, 4) if slowest[6] else None,
-        f"{stage}_samples_per_second": clean(samples / seconds, 2) if seconds > 0 else None,
-        f"{stage}_batches_measured": int(slowest[5]),
-        f"{stage}_samples_measured": int(samples),
-    }
-
-
-# --------------------------------------------------------------------------- one rank's records
-
-
-class _TrainRecorder:
-    """One rank's raw training times, as plain floats (no tensors, no device work)."""
-
-    def __init__(self, fit_start: float) -> None:
-        self.fit_start = fit_start
-        self.iterations: list[float] = []
-        self.val_runs: list[float] = []
-        self.in_epoch = False
-        self.epoch_start = self.batch_start = self.last_batch_end = self.val_start = 0.0
-        self.samples, self.data_wait, self.val_in_epoch = 0, 0.0, 0.0
-
-    def start_epoch(self, now: float) -> None:
-        self.in_epoch, self.epoch_start, self.last_batch_end = True, now, now
-        self.samples, self.data_wait, self.val_in_epoch = 0, 0.0, 0.0
-
-    def start_batch(self, now: float) -> None:
-        self.data_wait += now - self.last_batch_end
-        self.batch_start = now
-
-    def end_batch(self, now: float, samples: int) -> None:
-        self.iterations.append(now - self.batch_start)
-        self.samples += samples
-        self.last_batch_end = now
-
-    def start_validation(self, now: float) -> None:
-        self.val_start = now
-
-    def end_validation(self, now: float) -> None:
-        seconds = now - self.val_start
-        self.val_runs.append(seconds)
-        if self.in_epoch:  # validation inside a training epoch is neither training nor data wait
-            self.val_in_epoch += seconds
-            self.last_batch_end += seconds
-
-    def end_epoch(self, now: float) -> list[float]:
-        """``[seconds, samples, data-wait seconds, validation seconds]`` of the epoch just ended."""
-        self.in_epoch = False
-        return [now - self.epoch_start - self.val_in_epoch, self.samples, self.data_wait, self.val_in_epoch]
-
-    def fit_row(self, now: float, warmup: int) -> list[float]:
-        """The row :func:`summarise_fit` reads (without the memory that follows it)."""
-        measured = after_warmup(self.iterations, warmup)
-        stats = describe(measured)
-        val_mean = statistics.fmean(self.val_runs) if self.val_runs else None
-        numbers = [stats["mean"], stats["std"], stats["p50"], stats["p90"]]
-        skipped = len(self.iterations) - len(measured)
-        return [now - self.fit_start, *_nan(numbers), len(measured), skipped, *_nan([val_mean])]
-
-
-class _InferenceRecorder:
-    """One rank's per-batch test or predict latencies."""
-
-    def __init__(self) -> None:
-        self.latencies: list[float] = []
-        self.samples: list[int] = []
-        self.batch_start = 0.0
-
-    def start_batch(self, now: float) -> None:
-        self.batch_start = now
-
-    def end_batch(self, now: float, samples: int) -> None:
-        self.latencies.append(now - self.batch_start)
-        self.samples.append(samples)
-
-    def row(self, warmup: int) -> list[float]:
-        """The row :func:`summarise_inference` reads (without the memory that follows it)."""
-        latencies = after_warmup(self.latencies, warmup)
-        samples = self.samples[len(self.samples) - len(latencies) :]
-        stats = _nan(list(describe(latencies).values()))
-        return [*stats, len(latencies), sum(samples), sum(latencies)]
-
-
-def _nan(values: list[float | None]) -> list[float]:
-    return [NAN if v is None else v for v in values]
-
-
-# --------------------------------------------------------------------------- the callback
+from project.measure import flops
+from project.measure.devices import DeviceClock, HostClock, device_clock, peak_memory_mb
+from project.measure.environment import run_environment
+from project.measure.recorders import InferenceRecorder, TrainRecorder
+from project.measure.stats import clean
+from project.measure.summary import (
+    Memory,
+    format_table,
+    gather_records,
+    memory_entries,
+    summarise_epoch,
+    summarise_fit,
+    summarise_inference,
+)
 
 
 class TimingCallback(Callback):
-    """Times training epochs and iterations, data wait, validation, test/predict latency and peak
-    memory on every rank, and reports them from rank 0 (TensorBoard, ``timing.json``, a table).
+    """Times training epochs and iterations, data wait, validation, test/predict latency, the work
+    done (FLOPs, MFU) and peak memory on every rank, and reports them from rank 0 (TensorBoard,
+    ``timing.json``, a table).
 
     Args:
         warmup_iterations: Training iterations (and test/predict batches) at the start of the
             process left out of the per-iteration statistics: the first steps pay for memory
             allocation, cuDNN autotuning and compilation.
+        sync_every_step: Wait for the device at every batch boundary, for fully synchronised
+            per-step wall times. Off by default: on a GPU the waits stall the host and so slow the
+            run they measure; iterations are then timed with CUDA events instead.
+        peak_tflops: The dense peak TFLOP/s of ONE device at the run's precision, for MFU. By
+            default it is looked up by device name and precision (H100, H200, A100, L4, ...); on
+            a CPU or an unknown device MFU is null unless this is given.
+
+    Attributes:
+        make_clock: Builds the clock for a device, ``(device, sync_every_step) -> DeviceClock``;
+            tests replace it with a fake asynchronous device.
     """
 
-    def __init__(self, warmup_iterations: int = 3) -> None:
+    def __init__(self, warmup_iterations: int = 3, sync_every_step: bool = False, peak_tflops: float | None = None):
         if warmup_iterations < 0:
             raise ProjectError(f"timing.warmup_iterations={warmup_iterations} is not allowed: it must be >= 0")
+        if peak_tflops is not None and not peak_tflops > 0:
+            raise ProjectError(f"timing.peak_tflops={peak_tflops} is not allowed: it must be a number > 0 or null")
         self.warmup_iterations = warmup_iterations
+        self.sync_every_step = sync_every_step
+        self.peak_tflops = peak_tflops
+        self.make_clock: Callable[[torch.device, bool], DeviceClock] = device_clock
         self.report: dict[str, Any] = {}  # what rank 0 last wrote; empty on other ranks
         self._clock: DeviceClock = HostClock()
         self._device = torch.device("cpu")
-        self._train = _TrainRecorder(0.0)
-        self._inference = _InferenceRecorder()
+        self._train = TrainRecorder(self._clock, 0.0)
+        self._inference = InferenceRecorder(self._clock)
         self._epochs: list[dict[str, Any]] = []
-
-    def _now(self) -> float:
-        return self._clock.wait()
+        self._flops: dict[str, float] | None = None
 
     # -- fit ---------------------------------------------------------------------------------
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._device = trainer.strategy.root_device
-        self._clock = SyncingClock(synchronizer(self._device))
+        self._clock = self.make_clock(self._device, self.sync_every_step)
+        if self._flops is None:  # before any strategy wraps or shards the network
+            self._flops = _count_flops(trainer, pl_module)
         if stage == "fit":  # the clock of fit_seconds starts here: the data is set up, the model not yet
-            self._train = _TrainRecorder(self._now())
+            self._train = TrainRecorder(self._clock, self._clock.wait())
             self._epochs = []
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._train.start_epoch(self._now())
+        self._train.start_epoch(self._clock.wait())
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        self._train.start_batch(self._now())
+        self._train.start_batch()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._train.end_batch(self._now(), extract_batch_size(batch))
+        self._train.end_batch(extract_batch_size(batch))
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self._train.start_validation(self._now())
+            self._train.start_validation(self._clock.wait())
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self._train.end_validation(self._now())
+            self._train.end_validation(self._clock.wait())
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        row = self._train.end_epoch(self._now())
-        rows = gather_rows(trainer, row + self._memory_row(trainer))
+        records = self._gather(trainer, self._train.end_epoch(self._clock.wait()))
         if not trainer.is_global_zero:
             return
-        epoch = summarise_epoch(trainer.current_epoch, rows)
+        epoch = summarise_epoch(trainer.current_epoch, [r for r, _ in records])
         self._epochs.append(epoch)
+        work = self._work(trainer, "train", epoch["samples_per_second"])
         metrics = {
             "time/train_epoch_seconds": epoch["seconds"],
             "time/train_samples_per_second": epoch["samples_per_second"],
             "time/data_wait_fraction": epoch["data_wait_seconds"] / epoch["seconds"] if epoch["seconds"] else None,
             "time/val_epoch_seconds": epoch["val_seconds"] or None,  # epochs without validation: no point
+            "time/train_tflops_per_second": work["train_tflops_per_second"],
+            "time/mfu": work["mfu"],
         }
-        labels, memory = memory_entries(rows, len(row), self._device.type)
+        labels, memory = memory_entries([m for _, m in records], self._device.type)
         metrics.update({f"memory/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
         _log_scalars(trainer, metrics, step=trainer.current_epoch)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        row = self._train.fit_row(self._now(), self.warmup_iterations)
-        rows = gather_rows(trainer, row + self._memory_row(trainer))
+        records = self._gather(trainer, self._train.fit_record(self._clock.wait(), self.warmup_iterations))
         log_dir = trainer.log_dir  # every rank must ask: Lightning broadcasts it from rank 0
         if not trainer.is_global_zero:
             return
-        labels, memory = memory_entries(rows, len(row), self._device.type)
-        numbers = summarise_fit(self._epochs, rows)
+        labels, memory = memory_entries([m for _, m in records], self._device.type)
+        numbers = summarise_fit(self._epochs, [r for r, _ in records])
+        numbers.update(self._work(trainer, "train", numbers["train_samples_per_second"]))
         report = {**_run_description(trainer, pl_module)}
         report.update({k: clean(v) if isinstance(v, float) else v for k, v in numbers.items()})
         report.update(peak_memory_mb=memory, peak_memory_devices=labels)
@@ -317,12 +173,12 @@ class TimingCallback(Callback):
     # -- test and predict --------------------------------------------------------------------
 
     def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._inference = _InferenceRecorder()
+        self._inference = InferenceRecorder(self._clock)
 
     def on_test_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._inference.start_batch(self._now())
+        self._inference.start_batch()
 
     def on_test_batch_end(
         self,
@@ -333,7 +189,7 @@ class TimingCallback(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._inference.end_batch(self._now(), extract_batch_size(batch))
+        self._inference.end_batch(extract_batch_size(batch))
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._finish_inference(trainer, pl_module, "test")
@@ -347,31 +203,42 @@ class TimingCallback(Callback):
         self._finish_inference(trainer, pl_module, "predict")
 
     def _finish_inference(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        row = self._inference.row(self.warmup_iterations)
-        rows = gather_rows(trainer, row + self._memory_row(trainer))
+        self._clock.wait()
+        records = self._gather(trainer, self._inference.record(self.warmup_iterations))
         log_dir = trainer.log_dir
         if not trainer.is_global_zero:
             return
-        labels, memory = memory_entries(rows, len(row), self._device.type)
-        report = {**_run_description(trainer, pl_module), **summarise_inference(stage, rows)}
+        labels, memory = memory_entries([m for _, m in records], self._device.type)
+        report = {**_run_description(trainer, pl_module), **summarise_inference(stage, [r for r, _ in records])}
+        work = self._work(trainer, "inference", report[f"{stage}_samples_per_second"])
+        report.update({f"{stage}_tflops_per_second": work["inference_tflops_per_second"], f"{stage}_mfu": work["mfu"]})
         report.update({f"{stage}_peak_memory_mb": memory, f"{stage}_peak_memory_devices": labels})
         latency = report[f"{stage}_batch_latency_ms"]
         scalars = {f"time/{stage}/batch_latency_ms_{k}": v for k, v in latency.items()}
-        for key in ("sample_latency_ms", "samples_per_second"):
+        for key in ("sample_latency_ms", "samples_per_second", "tflops_per_second", "mfu"):
             scalars[f"time/{stage}/{key}"] = report[f"{stage}_{key}"]
         scalars.update({f"memory/{stage}/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
         self._publish(trainer, log_dir, report, scalars, step=0, title=stage)
 
     # -- shared ------------------------------------------------------------------------------
 
-    def _memory_row(self, trainer: Trainer) -> list[float]:
-        """This rank's ``(index, MiB)`` pairs, flattened; padded with NaN to the same width on
-        every rank (a collective needs equal sizes), when there is more than one rank."""
-        pairs = peak_memory_mb(self._device)
-        if trainer.world_size > 1:
-            width = max(1, trainer.num_devices)
-            pairs = (pairs + [(NAN, NAN)] * width)[:width]
-        return [x for pair in pairs for x in pair]
+    def _gather(self, trainer: Trainer, record: Any) -> list[tuple[Any, Memory]]:
+        """Every rank's record and peak memory; a collective that every rank calls."""
+        strategy = trainer.strategy
+        width = max(1, trainer.num_devices)
+        return gather_records(
+            record, peak_memory_mb(self._device), trainer.world_size, strategy.all_gather, strategy.root_device, width
+        )
+
+    def _work(self, trainer: Trainer, kind: str, samples_per_second: float | None) -> dict[str, Any]:
+        """TFLOP/s achieved by all devices at ``samples_per_second``, the peak used and the MFU."""
+        per_sample = (self._flops or {}).get(kind)
+        achieved = per_sample * samples_per_second / 1e12 if per_sample and samples_per_second else None
+        peak = self.peak_tflops or _device_peak_tflops(self._device, str(trainer.precision))
+        devices = trainer.num_devices * trainer.num_nodes
+        total_peak = peak * devices if peak else None
+        mfu = flops.mfu(achieved, total_peak)
+        return {f"{kind}_tflops_per_second": clean(achieved, 4), "peak_tflops": peak, "mfu": clean(mfu, 5)}
 
     def _publish(
         self,
@@ -384,11 +251,31 @@ class TimingCallback(Callback):
     ) -> None:
         """Rank 0: TensorBoard scalars, the merged ``timing.json`` and the printed table."""
         _log_scalars(trainer, scalars, step)
+        report = {**report, "model_flops_per_sample": self._flops, "environment": run_environment()}
         if trainer.loggers and log_dir is not None:
             self.report = update_timing_json(Path(log_dir) / "timing.json", report)
         else:
             self.report = report
         print(format_table(report, title), flush=True)
+
+
+def _count_flops(trainer: Trainer, pl_module: LightningModule) -> dict[str, float] | None:
+    """FLOPs per training and inference sample of ``pl_module.net`` at the data module's image size;
+    None where either is unknown (a module without ``net``, data without ``image_size``)."""
+    net = getattr(pl_module, "net", None)
+    image_size = getattr(trainer.datamodule, "hparams", {}).get("image_size") if trainer.datamodule else None
+    if not isinstance(net, nn.Module) or not image_size:
+        return None
+    return flops.model_flops_per_sample(net, image_size, channels_last=bool(pl_module.hparams.get("channels_last")))
+
+
+def _device_peak_tflops(device: torch.device, precision: str) -> float | None:
+    """The dense peak of a CUDA device at ``precision`` from the table of known GPUs; None elsewhere.
+    float32 matrix products count at the TF32 rate when torch lets them use it."""
+    if device.type != "cuda":
+        return None
+    tf32 = torch.get_float32_matmul_precision() != "highest"
+    return flops.peak_tflops(torch.cuda.get_device_name(device), precision, tf32=tf32)
 
 
 def _log_scalars(trainer: Trainer, metrics: dict[str, float | None], step: int) -> None:
@@ -432,52 +319,3 @@ def update_timing_json(path: Path, report: dict[str, Any]) -> dict[str, Any]:
     temporary.write_text(json.dumps(merged, indent=2) + "\n")
     os.replace(temporary, path)
     return merged
-
-
-# --------------------------------------------------------------------------- the printed table
-
-
-def _fmt(value: float | None, unit: str = "", digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}{unit}"
-
-
-def _mean_std(mean: float | None, std: float | None, unit: str, digits: int = 3) -> str:
-    return _fmt(mean, unit, digits) + ("" if std is None else f" ± {std:.{digits}f}{unit}")
-
-
-def format_table(report: dict[str, Any], stage: str) -> str:
-    """A few lines for the terminal: the stage's headline numbers."""
-    where = f"{report['strategy']}, {report['world_size']} process(es), {report['devices']} x {report['accelerator']}"
-    lines = [f"Timing of {stage} ({where}, {report['precision']}, global batch {report['batch_size']})"]
-    if stage == "fit":
-        detail = (
-            f"  (p50 {_fmt(report['iteration_seconds_p50'], ' s')}, p90 {_fmt(report['iteration_seconds_p90'], ' s')};"
-            f" {report['warmup_iterations_skipped']} warm-up skipped)"
-        )
-        wait = report["data_wait_fraction"]
-        rows = [
-            ("fit total", _fmt(report["fit_seconds"], " s", 2)),
-            ("first epoch", _fmt(report["first_epoch_seconds"], " s", 2)),
-            (
-                f"epoch (steady, n={report['steady_epochs']})",
-                _mean_std(report["epoch_seconds_mean"], report["epoch_seconds_std"], " s", 2),
-            ),
-            ("iteration", _mean_std(report["iteration_seconds_mean"], report["iteration_seconds_std"], " s") + detail),
-            ("data wait", "n/a" if wait is None else f"{100 * wait:.1f} % of epoch time"),
-            ("throughput", _fmt(report["train_samples_per_second"], " samples/s (all ranks)", 1)),
-            ("validation run", _fmt(report["val_epoch_seconds_mean"], " s", 2)),
-        ]
-        memory = zip(report["peak_memory_devices"], report["peak_memory_mb"], strict=True)
-    else:
-        latency = report[f"{stage}_batch_latency_ms"]
-        rows = [
-            ("batch latency", _mean_std(latency["mean"], latency["std"], " ms", 2)),
-            ("  p50 / p90 / p99", " / ".join(_fmt(latency[k], " ms", 2) for k in ("p50", "p90", "p99"))),
-            ("sample latency", _fmt(report[f"{stage}_sample_latency_ms"], " ms", 3)),
-            ("throughput", _fmt(report[f"{stage}_samples_per_second"], " samples/s (all ranks)", 1)),
-        ]
-        memory = zip(report[f"{stage}_peak_memory_devices"], report[f"{stage}_peak_memory_mb"], strict=True)
-    rows.append(("peak memory", ", ".join(f"{label} {_fmt(mb, ' MiB', 0)}" for label, mb in memory)))
-    width = max(len(name) for name, _ in rows)
-    lines += [f"  {name:<{width}}  {value}" for name, value in rows]
-    return "\n".join(lines)

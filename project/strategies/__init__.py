@@ -7,8 +7,9 @@
 - ``xla_cpu`` (an accelerator): torch_xla's CPU device standing in for a TPU.
 
 ``ddp``, ``xla`` (every core of a TPU) and single device are Lightning's own.
-:func:`register_strategies` runs when the package is imported (``project/__init__.py``), before any
-Trainer reads the registries, and so again in every process a launcher starts.
+:func:`register_strategies` runs where the command line starts (:func:`project.cli.main`), before any
+Trainer reads the registries, and so again in every process a launcher starts with the same command.
+What these strategies need of a LightningModule is :mod:`project.strategies.contract`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def register_strategies() -> None:
 
 
 def leave_gloo_process_group() -> None:
-    """Destroy this process's gloo process group, if it has one; run at exit (``project/__init__.py``).
+    """Destroy this process's gloo process group, if it has one; run at exit (registered by the CLI).
 
     Lightning never destroys the group. Left to interpreter shutdown, gloo's worker threads can
     still hold tensors whose release then needs the GIL that is being torn down, and a run that

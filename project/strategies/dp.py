@@ -7,7 +7,7 @@ each, runs the forward passes in parallel threads and gathers the outputs on the
 the loss is computed; backward reduces the gradients onto the root copy and one optimizer step
 updates it. Metrics and ``self.log`` run once, in the main thread, as on a single device.
 
-``dp_balanced`` wraps the network together with the loss (:class:`project.model.NetWithLoss`): each
+``dp_balanced`` wraps the network together with the loss (:class:`NetWithLoss`): each
 replica computes the loss of its share, and only those losses (and predicted classes) are gathered,
 so the root device no longer holds every replica's outputs.
 
@@ -17,21 +17,22 @@ metric updates in several replica threads at once, where they race.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.strategies import _StrategyRegistry
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import nn
 
+from project.compat import StrategyRegistryType
 from project.errors import ProjectError
 from project.log import get_logger
-from project.model import NetWithLoss
+from project.strategies.contract import check_module
 
 log = get_logger(__name__)
 
@@ -40,8 +41,8 @@ class DataParallelStrategy(SingleDeviceStrategy):
     """Lightning strategy that runs ``module.net`` under ``nn.DataParallel`` across the run's GPUs.
 
     Registered as ``dp`` and, with ``loss_in_replicas=True``, as ``dp_balanced``. It needs a
-    LightningModule with the network in ``net``, the loss in ``criterion`` and, for
-    ``loss_in_replicas``, a ``loss_in_network`` switch, as :class:`project.model.ImageClassifier` has.
+    LightningModule with the contract of :mod:`project.strategies.contract` (the network in ``net``,
+    and for ``loss_in_replicas`` the loss in ``criterion`` ...), as :class:`project.model.ImageClassifier` has.
 
     Args:
         loss_in_replicas: Compute the loss inside each replica (``dp_balanced``) instead of on the root
@@ -78,11 +79,16 @@ class DataParallelStrategy(SingleDeviceStrategy):
                 self.root_device,
             )
         module = self.lightning_module
+        check_module(module, self.strategy_name)
+        check_not_compiled(module.net, self.strategy_name)
         self._bare_net = module.net
-        inner = NetWithLoss(module.net, module.criterion) if self.loss_in_replicas else module.net
-        self._wrapped_net = data_parallel(inner, self.parallel_devices)
+        if self.loss_in_replicas:
+            self._wrapped_net = data_parallel(NetWithLoss(module.net, module.criterion), self.parallel_devices)
+            # An instance attribute shadows the module's own method until teardown removes it.
+            module.training_loss = functools.partial(_loss_in_replicas, module)
+        else:
+            self._wrapped_net = data_parallel(module.net, self.parallel_devices)
         module.net = self._wrapped_net
-        module.loss_in_network = self.loss_in_replicas
 
     def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
         check_batch_splits_evenly(extract_batch_size(args[0]), self.num_gpus)
@@ -113,12 +119,13 @@ class DataParallelStrategy(SingleDeviceStrategy):
     def teardown(self) -> None:
         module = self.lightning_module
         if module is not None and self._wrapped_net is not None:
-            module.net, module.loss_in_network = self._bare_net, False
+            module.net = self._bare_net
+            module.__dict__.pop("training_loss", None)  # the module's own method again
         self._bare_net = self._wrapped_net = None
         super().teardown()
 
     @classmethod
-    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+    def register_strategies(cls, strategy_registry: StrategyRegistryType) -> None:
         strategy_registry.register(
             "dp", cls, description="DataParallel: one process, loss on the root GPU", override=True
         )
@@ -129,6 +136,40 @@ class DataParallelStrategy(SingleDeviceStrategy):
             override=True,
             loss_in_replicas=True,
         )
+
+
+class NetWithLoss(nn.Module):
+    """The network and the loss as one module. Called with labels, it returns the summed loss of its
+    images (shape ``(1,)``) and their predicted classes instead of the logits.
+
+    Wrapped in DataParallel (``dp_balanced``), every replica so computes the loss of its own share of
+    the batch, and only one number and one class index per image are gathered on the root device,
+    rather than every logit. Sums, not means, so replicas of unequal size add up exactly.
+
+    >>> net_with_loss = NetWithLoss(nn.Linear(4, 3), nn.CrossEntropyLoss())
+    >>> loss_sum, predictions = net_with_loss(torch.zeros(2, 4), torch.tensor([0, 1]))
+    >>> loss_sum.shape, predictions.shape, net_with_loss(torch.zeros(2, 4)).shape
+    (torch.Size([1]), torch.Size([2]), torch.Size([2, 3]))
+    """
+
+    def __init__(self, net: nn.Module, criterion: nn.Module) -> None:
+        super().__init__()
+        self.net, self.criterion = net, criterion
+
+    def forward(
+        self, images: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        logits = self.net(images)
+        if labels is None:  # evaluation: the logits, as the bare network gives them
+            return logits
+        loss_sum = self.criterion(logits, labels) * len(labels)
+        return loss_sum.reshape(1), logits.argmax(dim=1)
+
+
+def _loss_in_replicas(module: Any, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dp_balanced``'s ``training_loss``: each replica returned the loss sum of its share."""
+    loss_sums, predictions = module.net(module.prepare_images(images), labels)
+    return loss_sums.sum() / len(labels), predictions
 
 
 def data_parallel(module: nn.Module, devices: list[torch.device]) -> nn.DataParallel:
@@ -149,6 +190,16 @@ def data_parallel(module: nn.Module, devices: list[torch.device]) -> nn.DataPara
     nn.Module.__init__(wrapper)
     wrapper.module, wrapper.device_ids = module, []
     return wrapper
+
+
+def check_not_compiled(net: nn.Module, strategy_name: str) -> None:
+    """Refuse a network compiled in place (``--model.compile=true``): DataParallel copies it onto every
+    GPU at each step, and the copies would call the original's compiled code."""
+    if getattr(net, "_compiled_call_impl", None) is not None:  # set by nn.Module.compile()
+        raise ProjectError(
+            f"--model.compile=true does not work with --trainer.strategy={strategy_name}: DataParallel copies "
+            "the network onto every GPU at each step, and the copies would call the original's compiled code; use ddp"
+        )
 
 
 def check_batch_splits_evenly(batch_size: int, num_gpus: int) -> None:

@@ -3,19 +3,52 @@
 Lightning's own ``FSDPStrategy`` wraps torch's first FSDP, which refuses CPUs, and Lightning refuses
 the name ``fsdp`` without a GPU. This strategy uses FSDP2 (``torch.distributed.fsdp.fully_shard``)
 through Lightning's ``ModelParallelStrategy`` instead, with every process in one data-parallel group
-and no tensor parallelism: plain FSDP. The model shards itself in ``configure_model``
-(:meth:`project.model.ImageClassifier.configure_model`); parameters, gradients and optimizer state are
-split across the processes, and each block's full parameters are gathered only while it computes.
+and no tensor parallelism: plain FSDP. The strategy shards the module's network (``net``, see
+:mod:`project.strategies.contract`) when it sets the module up, block by block and then the root;
+parameters, gradients and optimizer state are split across the processes, and each block's full
+parameters are gathered only while it computes.
 """
 
 from __future__ import annotations
 
+import lightning.pytorch as pl
+import torch
 import torch.distributed
-from lightning.fabric.strategies import _StrategyRegistry
 from lightning.fabric.utilities.data import has_len
-from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torchvision.models import mobilenetv2, mobilenetv3, resnet, shufflenetv2
 
+from project.compat import StrategyRegistryType, release_fsdp_name
 from project.errors import ProjectError
+from project.strategies.contract import check_module
+
+# The repeated blocks of torchvision's classifiers: FSDP makes each one a unit of its own, so only one
+# block's full parameters exist at a time on a rank while it computes.
+SHARDED_BLOCKS = (
+    mobilenetv2.InvertedResidual,
+    mobilenetv3.InvertedResidual,
+    resnet.BasicBlock,
+    resnet.Bottleneck,
+    shufflenetv2.InvertedResidual,
+)
+
+
+def shard_network(net: nn.Module, mesh: DeviceMesh) -> None:
+    """Shard ``net`` in place with FSDP2: every block of :data:`SHARDED_BLOCKS`, then the rest of the
+    network as the root unit. A network sharded already is left as it is (setup runs again for
+    validate/test/predict after fit)."""
+    if isinstance(net, FSDPModule):
+        return
+    # FSDP2 shards contiguous parameters only. The images stay channels_last (the module's
+    # prepare_images), and a convolution follows its input's memory layout.
+    net.to(memory_format=torch.contiguous_format)
+    for block in net.modules():
+        if isinstance(block, SHARDED_BLOCKS):
+            fully_shard(block, mesh=mesh)
+    fully_shard(net, mesh=mesh)
 
 
 class FullyShardedStrategy(ModelParallelStrategy):
@@ -38,6 +71,14 @@ class FullyShardedStrategy(ModelParallelStrategy):
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
 
+    def setup(self, trainer: pl.Trainer) -> None:
+        # After the module's configure_model (which may compile the network in place) and before the
+        # optimizers are built, so that they hold the sharded parameters.
+        module = self.lightning_module
+        check_module(module, "fsdp")
+        shard_network(module.net, self.device_mesh["data_parallel"])
+        super().setup(trainer)
+
     def process_dataloader(self, dataloader: object) -> object:
         """Refuse, rather than hang on, data that gives the processes different numbers of batches: every
         forward pass is collective under FSDP, so a process that ran out of batches would leave the others
@@ -54,11 +95,8 @@ class FullyShardedStrategy(ModelParallelStrategy):
         return dataloader
 
     @classmethod
-    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+    def register_strategies(cls, strategy_registry: StrategyRegistryType) -> None:
         strategy_registry.register(
             "fsdp", cls, description="FSDP2 (fully_shard) on CPUs or GPUs, one shard per process", override=True
         )
-        # Lightning refuses `fsdp` off CUDA by looking the name up in FSDPStrategy's own list of names;
-        # the name is ours now, so it leaves that list (FSDPStrategy keeps its `fsdp_cpu_offload` name).
-        if "fsdp" in FSDPStrategy._registered_strategies:
-            FSDPStrategy._registered_strategies.remove("fsdp")
+        release_fsdp_name()  # Lightning would refuse `fsdp` off CUDA, taking it for its own FSDPStrategy

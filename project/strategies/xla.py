@@ -15,12 +15,10 @@ from __future__ import annotations
 import os
 
 import torch
-from lightning.fabric.accelerators import _AcceleratorRegistry
-from lightning.fabric.accelerators.xla import _XLA_AVAILABLE
-from lightning.fabric.strategies import _StrategyRegistry
 from lightning.pytorch.accelerators import XLAAccelerator
 from lightning.pytorch.strategies import SingleDeviceXLAStrategy
 
+from project.compat import XLA_AVAILABLE, AcceleratorRegistryType, StrategyRegistryType
 from project.errors import ProjectError
 
 
@@ -35,7 +33,7 @@ class XLACPUAccelerator(XLAAccelerator):
                 f"--trainer.accelerator=xla_cpu runs on torch_xla's CPU device, but PJRT_DEVICE={runtime}; "
                 "unset PJRT_DEVICE, or use --trainer.accelerator=tpu on a TPU"
             )
-        if not _XLA_AVAILABLE:
+        if not XLA_AVAILABLE:
             raise ProjectError(
                 "--trainer.accelerator=xla_cpu needs torch_xla, which pins its own torch: install the project into "
                 "a separate environment with `pip install -e '.[xla]'` (`make test-xla` builds one in .venv-xla)"
@@ -44,7 +42,7 @@ class XLACPUAccelerator(XLAAccelerator):
 
     @staticmethod
     def is_available() -> bool:
-        return bool(_XLA_AVAILABLE)
+        return XLA_AVAILABLE
 
     @staticmethod
     def auto_device_count() -> int:
@@ -68,7 +66,7 @@ class XLACPUAccelerator(XLAAccelerator):
         return "xla_cpu"
 
     @classmethod
-    def register_accelerators(cls, accelerator_registry: _AcceleratorRegistry) -> None:
+    def register_accelerators(cls, accelerator_registry: AcceleratorRegistryType) -> None:
         accelerator_registry.register(
             cls.name(), cls, description="torch_xla's CPU device (PJRT_DEVICE=CPU), one device", override=True
         )
@@ -89,7 +87,7 @@ class SingleXLAStrategy(SingleDeviceXLAStrategy):
         super().__init__(device=device)
 
     @classmethod
-    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+    def register_strategies(cls, strategy_registry: StrategyRegistryType) -> None:
         strategy_registry.register(
             cls.strategy_name, cls, description="one XLA device (TPU core or xla_cpu)", override=True
         )

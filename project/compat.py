@@ -1,0 +1,71 @@
+"""Every private Lightning name the template uses, in one place.
+
+Lightning offers no public way to do these few things. Each use is wrapped here, and
+``tests/test_compat.py`` checks every name against the installed Lightning, so a rename fails that
+test loudly instead of silently turning a feature off (exact resume, the lost-rank watchdog, ...).
+Where a public API exists, the template uses it instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jsonargparse import ArgumentParser
+from lightning.fabric.accelerators import _AcceleratorRegistry
+from lightning.fabric.accelerators.xla import _XLA_AVAILABLE
+from lightning.fabric.strategies import _StrategyRegistry
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+
+# The registries' types, for the ``register_strategies``/``register_accelerators`` class methods.
+StrategyRegistryType = _StrategyRegistry
+AcceleratorRegistryType = _AcceleratorRegistry
+
+XLA_AVAILABLE: bool = bool(_XLA_AVAILABLE)
+"""Whether torch_xla can be imported (Lightning's own check, which also handles its version quirks)."""
+
+# LightningCLI methods the template's CLI overrides (project/cli.py): no public hook runs a
+# subcommand inside a try block, or adds a subcommand that is not a Trainer method (bench).
+CLI_OVERRIDES = ("_run_subcommand", "_add_subcommands")
+
+
+def loggers_write_this_step(trainer: Trainer) -> bool:
+    """True on the training steps whose logged values Lightning passes to the loggers (every
+    ``log_every_n_steps``): the same test Lightning's own LearningRateMonitor makes."""
+    return trainer._logger_connector.should_update_logs or bool(trainer.fast_dev_run)
+
+
+def is_subprocess_script_launcher(launcher: object) -> bool:
+    """Whether the processes of this run were started by Lightning from this one (``--trainer.devices=N``
+    without torchrun/SLURM), so that it holds their ``procs``."""
+    return isinstance(launcher, _SubprocessScriptLauncher)
+
+
+def restart_training_batches(trainer: Trainer) -> None:
+    """Make the fit loop draw its batches afresh from the training DataLoader (whose sampler was
+    just moved, e.g. to the position of a mid-epoch resume)."""
+    fetcher = trainer.fit_loop._data_fetcher
+    if fetcher is not None:  # None before the loop has set it up: it then starts afresh anyway
+        iter(fetcher)
+
+
+def last_global_step_saved(checkpoint: ModelCheckpoint) -> int:
+    """The global step of ``checkpoint``'s latest save (``last.ckpt`` or a top-k file)."""
+    return checkpoint._last_global_step_saved
+
+
+def release_fsdp_name() -> None:
+    """Take ``fsdp`` out of the names Lightning ties to its own FSDPStrategy, which it refuses off
+    CUDA by looking the name up there; the template registers ``fsdp`` for its FSDP2 strategy,
+    which runs on CPUs too. FSDPStrategy keeps its other names (``fsdp_cpu_offload``)."""
+    names: list[Any] = FSDPStrategy._registered_strategies
+    if "fsdp" in names:
+        names.remove("fsdp")
+
+
+def add_subcommand(parser: ArgumentParser, name: str, subparser: ArgumentParser, help: str) -> None:
+    """Add ``name`` to the subcommands ``parser`` already has (jsonargparse allows one
+    ``add_subcommands`` call per parser, and LightningCLI made it)."""
+    parser._subcommands_action.add_subcommand(name, subparser, help=help)
