@@ -41,7 +41,7 @@ def _conv_backward_flop(
 
     Replaces torch's own formula, which counts the weight gradient of a grouped convolution once per group
     too many: ``groups`` times, 32-960 for MobileNetV2's depthwise convolutions, making its backward 20 x
-    its forward (checked with torch 2.15; pytorch/pytorch PR #183405 proposes the fix).
+    its forward (seen with torch 2.15; see pytorch/pytorch PR #183405).
 
     The forward's multiply-adds are ``batch x positions x weight elements``, where positions are the output's
     spatial positions for a convolution and the input's for a transposed one (the weight's shape already
