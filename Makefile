@@ -49,6 +49,14 @@ bench-perf: $(VENV)/.installed-dev  ## the three performance benchmarks (ARGS go
 	$(PY) benchmarks/inference.py $(ARGS)
 	$(PY) benchmarks/input.py $(ARGS)
 
+# Every CUDA path (precisions, compile, on-device data, ddp/fsdp/dp/deepspeed on one GPU, test/predict/resume from
+# a checkpoint, the NaN guard, the timing callback's cost) on this machine's GPU, in minutes, on synthetic data.
+# Report in benchmarks/results/gpu-<device>/; ARGS go to the script, e.g. ARGS="--paths bf16-mixed,compile".
+# Without a CUDA GPU it says so in one line and runs nothing.
+.PHONY: gpu-check
+gpu-check: $(VENV)/.installed  ## check every CUDA path on this GPU (benchmarks/gpu_check.py)
+	$(PY) -m benchmarks.gpu_check $(ARGS)
+
 # In a variable because a comma written in $(call ...) would split its arguments.
 XLA_EXTRAS := [xla,dev]
 

@@ -1,0 +1,580 @@
+"""``python -m benchmarks.gpu_check``: every CUDA path of the template, checked on the GPU you have, in minutes.
+
+The template's tests run on CPUs; what only a GPU exercises -- mixed precision, cuDNN, ``torch.compile`` with
+Triton, data kept on the device, NCCL process groups, DeepSpeed, CUDA-event timing -- is checked here, each
+path as a real ``python -m project ...`` in a fresh process, on synthetic data (112 px, a few batches per
+epoch, 2 epochs), in a temporary folder as ``--trainer.default_root_dir``. A path passes when its commands
+exit as they should and leave what they should (``timing.json``, the checkpoint, ``predictions.csv``):
+
+- ``single-fp32``, ``bf16-mixed``, ``channels-last-off``, ``compile``, ``on-device``: one device, fit;
+- ``ddp-1``, ``fsdp-1``, ``dp-1``: the strategies on one device (``dp`` must say it runs as a single device);
+- ``deepspeed-stage-2``: fit, then ``test --ckpt_path=last`` on a single device from its checkpoint folder
+  (skipped, not failed, without the deepspeed package);
+- ``test-last``, ``predict-last``, ``resume``: after ``single-fp32``, in its folder (``resume``:
+  ``fit --ckpt_path=last --trainer.max_epochs=3`` goes on from the end of epoch 2);
+- ``nan-guard``: ``--model.lr=1e30`` must stop at the first non-finite loss, exit non-zero, and say so;
+- ``timing-cost``: MobileNetV2, 112 px, global batch 256, bf16-mixed, data on the device, fitted with the
+  timing callback off, on (CUDA events) and synchronising every step. Each variant runs for 1 epoch and
+  for ``--timing-epochs``; the difference of the two wall times (taken around the process) is the time of
+  the extra epochs without the start-up, so images/s = extra epochs x batches x 256 / that difference.
+  It includes the 2 validation batches and the checkpoint of each epoch, the same for the three variants.
+
+It writes ``gpu-check.md`` (the environment, a pass/fail/skip table with each fit's figures, the timing
+cost, and the last lines of every failing command) and the raw ``gpu-check.json`` into ``--out``
+(default ``benchmarks/results/gpu-<device>/``), and exits 1 if a path failed. On a machine without a
+CUDA GPU it prints one line and exits 0, running nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+CHECK_BATCHES = 10  # training batches per epoch of a check: enough for every hook, a few seconds on any GPU
+CHECK_BATCH_SIZE = 128
+ERROR_LINES = 8  # of a failing command's output, in the report
+DP_SINGLE = "DataParallel needs 2 or more to split a batch, so this runs as a single-device run"
+RESTORED = "Restoring states from the checkpoint path"  # Lightning's line when it resumes
+NAN_STOP = "training loss is"  # FiniteLossGuard's one-line message
+
+# A check: given the path's folder and the command's output, what is wrong (None: nothing).
+Check = Callable[[Path, str], str | None]
+
+
+def no_gpu_line() -> str | None:
+    """The one line printed on a machine without a usable CUDA GPU; None where there is one."""
+    if torch.cuda.is_available():
+        return None
+    build = "yes" if torch.version.cuda else "no"
+    return f"gpu-check: no CUDA GPU here (torch {torch.__version__}, CUDA build: {build}); nothing to check"
+
+
+def slug(text: str) -> str:
+    """A folder name from a device name.
+
+    >>> slug("NVIDIA H100 80GB HBM3")
+    'nvidia-h100-80gb-hbm3'
+    """
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+# --------------------------------------------------------------------------- what a run left
+
+
+def _version(folder: Path) -> int:
+    suffix = folder.name.removeprefix("version_")
+    return int(suffix) if suffix.isdigit() else -1
+
+
+def newest_run(root: Path) -> Path | None:
+    """The newest ``lightning_logs/version_N`` under ``root``: the run folder of the latest command."""
+    runs = sorted((root / "lightning_logs").glob("version_*"), key=_version)
+    return runs[-1] if runs else None
+
+
+def newest_timing(root: Path) -> dict[str, Any]:
+    """The latest command's ``timing.json`` ({} if it wrote none)."""
+    run = newest_run(root)
+    path = run / "timing.json" if run is not None else None
+    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+
+
+def wrote_timing(key: str) -> Check:
+    def check(root: Path, output: str) -> str | None:
+        run = newest_run(root)
+        if run is None or not (run / "timing.json").is_file():
+            return f"no timing.json in {run or root / 'lightning_logs'}"
+        return None if newest_timing(root).get(key) is not None else f"{run / 'timing.json'} has no {key!r}"
+
+    return check
+
+
+def wrote_checkpoint(root: Path, output: str) -> str | None:
+    """``last.ckpt`` of some run: a file, or a folder under DeepSpeed."""
+    found = list((root / "lightning_logs").glob("version_*/checkpoints/last.ckpt"))
+    return None if found else f"no lightning_logs/version_*/checkpoints/last.ckpt under {root}"
+
+
+def wrote_predictions(root: Path, output: str) -> str | None:
+    run = newest_run(root)
+    path = run / "predictions.csv" if run is not None else root / "lightning_logs"
+    return None if path.is_file() and len(path.read_text().splitlines()) > 1 else f"no predictions in {path}"
+
+
+def printed(text: str) -> Check:
+    def check(root: Path, output: str) -> str | None:
+        return None if text in output else f"its output does not say {text!r}"
+
+    return check
+
+
+def resumed_to_step(step: int) -> Check:
+    """The newest run's ``last.ckpt`` is at ``step``: training went on from the checkpoint to the new end."""
+
+    def check(root: Path, output: str) -> str | None:
+        run = newest_run(root)
+        path = run / "checkpoints" / "last.ckpt" if run is not None else None
+        if path is None or not path.is_file():
+            return f"the resumed run wrote no last.ckpt ({path})"
+        reached = torch.load(path, map_location="cpu", weights_only=False).get("global_step")
+        return None if reached == step else f"{path} is at step {reached}, not {step}"
+
+    return check
+
+
+# --------------------------------------------------------------------------- the paths
+
+
+@dataclass(frozen=True)
+class Step:
+    """One ``python -m project <subcommand>`` of a path, with the options it adds to the common ones."""
+
+    subcommand: str
+    args: tuple[str, ...] = ()
+    succeeds: bool = True  # False: the command must exit non-zero (a refusal is the check)
+    checks: tuple[Check, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckPath:
+    """A path through the template on a GPU. ``after``: the path whose folder (and runs) it continues."""
+
+    name: str
+    what: str
+    steps: tuple[Step, ...]
+    after: str | None = None
+    needs_deepspeed: bool = False
+
+
+def _fit(*args: str, checks: tuple[Check, ...] = ()) -> Step:
+    return Step("fit", args, checks=(wrote_checkpoint, wrote_timing("fit_seconds"), *checks))
+
+
+def check_paths(batches: int = CHECK_BATCHES) -> list[CheckPath]:
+    """Every path, in the order they run (a path's ``after`` comes before it)."""
+    single = "--trainer.precision=32-true"
+    return [
+        CheckPath("single-fp32", "one device, 32-true (convolutions in TF32)", (_fit(single),)),
+        CheckPath("bf16-mixed", "one device, bf16 autocast", (_fit("--trainer.precision=bf16-mixed"),)),
+        CheckPath("channels-last-off", "NCHW activations", (_fit("--model.channels_last=false"),)),
+        CheckPath("compile", "torch.compile (inductor, Triton kernels)", (_fit("--model.compile=true"),)),
+        CheckPath("on-device", "data set on the GPU, augmented there", (_fit("--data.on_device=true"),)),
+        CheckPath("ddp-1", "DDP on 1 GPU (NCCL)", (_fit("--trainer.strategy=ddp"),)),
+        CheckPath("fsdp-1", "FSDP2 on 1 GPU", (_fit("--trainer.strategy=fsdp"),)),
+        CheckPath("dp-1", "DataParallel on 1 GPU", (_fit("--trainer.strategy=dp", checks=(printed(DP_SINGLE),)),)),
+        CheckPath(
+            "deepspeed-stage-2",
+            "DeepSpeed ZeRO-2 on 1 GPU, then test from its checkpoint folder on a single device",
+            (
+                _fit("--trainer.strategy=deepspeed_stage_2"),
+                Step("test", ("--ckpt_path=last",), checks=(wrote_timing("test_samples_per_second"),)),
+            ),
+            needs_deepspeed=True,
+        ),
+        CheckPath(
+            "test-last",
+            "test --ckpt_path=last after single-fp32",
+            (Step("test", ("--ckpt_path=last",), checks=(wrote_timing("test_samples_per_second"),)),),
+            after="single-fp32",
+        ),
+        CheckPath(
+            "predict-last",
+            "predict --ckpt_path=last after single-fp32",
+            (Step("predict", ("--ckpt_path=last",), checks=(wrote_predictions,)),),
+            after="single-fp32",
+        ),
+        CheckPath(
+            "resume",
+            "fit --ckpt_path=last --trainer.max_epochs=3 after single-fp32: goes on to epoch 3",
+            (
+                Step(
+                    "fit",
+                    ("--ckpt_path=last", "--trainer.max_epochs=3", single),
+                    checks=(printed(RESTORED), resumed_to_step(3 * batches)),
+                ),
+            ),
+            after="single-fp32",
+        ),
+        CheckPath(
+            "nan-guard",
+            "--model.lr=1e30: stops at the first non-finite loss, exit non-zero",
+            (Step("fit", ("--model.lr=1e30", single), succeeds=False, checks=(printed(NAN_STOP),)),),
+        ),
+    ]
+
+
+TIMING_COST = "timing-cost"
+TIMING_VARIANTS = {  # name -> the options that make it
+    "off": ("--callbacks.timing=false",),
+    "on": (),
+    "sync every step": ("--timing.sync_every_step=true",),
+}
+
+
+def path_names() -> list[str]:
+    return [p.name for p in check_paths()] + [TIMING_COST]
+
+
+def select(names: Sequence[str] | None) -> list[str]:
+    """The paths to run, in running order: ``names`` (all when None) plus the paths they continue."""
+    paths = {p.name: p for p in check_paths()}
+    wanted = set(path_names() if names is None else names)
+    unknown = sorted(wanted - set(path_names()))
+    if unknown:
+        raise SystemExit(f"gpu-check: unknown path(s) {', '.join(unknown)}; choose from {', '.join(path_names())}")
+    wanted |= {paths[n].after for n in wanted if n in paths and paths[n].after}
+    return [n for n in path_names() if n in wanted]
+
+
+# --------------------------------------------------------------------------- running
+
+
+def common_args(root: Path, batches: int = CHECK_BATCHES, batch_size: int = CHECK_BATCH_SIZE) -> list[str]:
+    """The options every command of a path shares: one GPU, synthetic data, 112 px, 2 short epochs."""
+    train_images = max(4096, batches * batch_size)
+    return [
+        "--trainer.accelerator=gpu",
+        "--trainer.devices=1",
+        "--trainer.max_epochs=2",
+        f"--trainer.limit_train_batches={batches}",
+        "--trainer.limit_val_batches=2",  # not 1: --trainer.limit_val_batches=1 parses as 100 %
+        "--trainer.limit_test_batches=4",
+        "--trainer.limit_predict_batches=4",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={root}",
+        "--data.synthetic=true",
+        f"--data.synthetic_size={train_images}",
+        "--data.val_size=1024",
+        "--data.image_size=112",
+        f"--data.batch_size={batch_size}",
+    ]
+
+
+def project_command(subcommand: str, args: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "project", subcommand, *args]
+
+
+def run_logged(command: list[str], log: Path, timeout_s: float) -> tuple[int | None, str, float]:
+    """Run ``command`` from the repository root with its output (stdout and stderr) in ``log``; its exit
+    status (None: timed out, killed), its output and its wall time."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        # A session of its own, so a timeout ends the command AND any rank it started.
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True
+        )
+        try:
+            code: int | None = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            code = None
+        except BaseException:  # Ctrl-C: leave nothing running
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    return code, log.read_text(errors="replace"), time.perf_counter() - start
+
+
+def last_lines(output: str, count: int = ERROR_LINES) -> list[str]:
+    """The last ``count`` non-empty lines: where a traceback or a one-line error is."""
+    return [line for line in output.splitlines() if line.strip()][-count:]
+
+
+def figures(timing: dict[str, Any]) -> dict[str, Any]:
+    """What the report shows of a command's ``timing.json``."""
+    picked = {
+        key: timing[key]
+        for key in ("epoch_seconds_mean", "train_samples_per_second", "mfu", "test_samples_per_second")
+        if timing.get(key) is not None
+    }
+    peaks = [mb for mb in timing.get("peak_memory_mb") or [] if mb is not None]
+    if peaks:
+        picked["peak_memory_mb"] = max(peaks)
+    return picked
+
+
+def run_path(path: CheckPath, root: Path, timeout_s: float) -> dict[str, Any]:
+    """Run a path's commands in ``root`` (shared with the path it continues), one after the other, stopping
+    at the first that does not do what it should."""
+    root.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"name": path.name, "what": path.what, "commands": [], "figures": {}}
+    if path.needs_deepspeed and importlib.util.find_spec("deepspeed") is None:
+        return {
+            **result,
+            "status": "skip",
+            "reason": "the deepspeed package is not installed (pip install -e '.[deepspeed]')",
+        }
+    start = time.perf_counter()
+    for index, step in enumerate(path.steps):
+        command = project_command(step.subcommand, [*common_args(root), *step.args])
+        result["commands"].append(shlex.join(command))
+        code, output, _ = run_logged(command, root / f"{path.name}-{index}-{step.subcommand}.log", timeout_s)
+        if code is None:
+            problem: str | None = f"timed out after {timeout_s / 60:g} min"
+        elif step.succeeds and code != 0:
+            problem = f"exit status {code}"
+        elif not step.succeeds and code == 0:
+            problem = "exit status 0, but this run must stop with an error"
+        else:
+            problem = next((p for p in (check(root, output) for check in step.checks) if p), None)
+        if problem is not None:
+            failed = f"{step.subcommand}: {problem}"
+            return {
+                **result,
+                "status": "fail",
+                "reason": failed,
+                "error_lines": last_lines(output),
+                "seconds": time.perf_counter() - start,
+            }
+        if step.succeeds:
+            result["figures"].update(figures(newest_timing(root)))
+    return {**result, "status": "pass", "reason": None, "seconds": time.perf_counter() - start}
+
+
+def timing_cost(root: Path, timeout_s: float, batches: int, epochs: int) -> dict[str, Any]:
+    """The same fit with the timing callback off, on, and synchronising every step, each for 1 and for
+    ``epochs`` epochs: images/s of the extra epochs, from wall times taken around the processes."""
+    batch_size = 256
+    result: dict[str, Any] = {"name": TIMING_COST, "commands": [], "figures": {}}
+    result["what"] = (
+        f"MobileNetV2 112 px, batch {batch_size}, bf16-mixed, data on the GPU, {batches} batches/epoch: "
+        f"timing off / on / sync every step, 1 vs {epochs} epochs"
+    )
+    rows = []
+    start = time.perf_counter()
+    for variant, options in TIMING_VARIANTS.items():
+        walls, timing = {}, {}
+        for count in (1, epochs):
+            folder = root / f"{slug(variant)}-{count}"
+            args = [
+                *common_args(folder, batches, batch_size),
+                "--model.arch=mobilenet_v2",
+                "--trainer.precision=bf16-mixed",
+                "--data.on_device=true",
+                f"--trainer.max_epochs={count}",
+                *options,
+            ]
+            command = project_command("fit", args)
+            result["commands"].append(shlex.join(command))
+            code, output, wall = run_logged(command, root / f"{slug(variant)}-{count}.log", timeout_s)
+            if code != 0:
+                problem = "timed out" if code is None else f"exit status {code}"
+                return {
+                    **result,
+                    "status": "fail",
+                    "reason": f"timing {variant}, {count} epoch(s): {problem}",
+                    "error_lines": last_lines(output),
+                    "seconds": time.perf_counter() - start,
+                }
+            walls[count] = wall
+            timing = newest_timing(folder)
+        extra = walls[epochs] - walls[1]
+        images = (epochs - 1) * batches * batch_size
+        rows.append(
+            {
+                "variant": variant,
+                "wall_1_epoch_s": walls[1],
+                f"wall_{epochs}_epochs_s": walls[epochs],
+                "images_per_second": images / extra if extra > 0 else None,
+                "timing_json_samples_per_second": timing.get("train_samples_per_second"),
+                "mfu": timing.get("mfu"),
+            }
+        )
+    off = rows[0]["images_per_second"]
+    for row in rows:
+        row["vs_off"] = row["images_per_second"] / off if off and row["images_per_second"] else None
+    result["figures"] = {"epochs": epochs, "batches": batches, "variants": rows}
+    return {**result, "status": "pass", "reason": None, "seconds": time.perf_counter() - start}
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def _num(value: Any, digits: int = 1, scale: float = 1.0) -> str:
+    return "–" if value is None else f"{value * scale:.{digits}f}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def write_report(
+    results: list[dict[str, Any]], environment: dict[str, Any], out: Path, command: str
+) -> tuple[Path, Path]:
+    """``gpu-check.md`` and ``gpu-check.json`` in ``out``: the environment, one row per path (pass, fail or
+    skip, with its figures), the timing cost, and the last lines of each failing command."""
+    from project.measure.tables import markdown_table  # imports the project (and Lightning): only when reporting
+
+    out.mkdir(parents=True, exist_ok=True)
+    counts = {s: sum(r["status"] == s for r in results) for s in ("pass", "fail", "skip")}
+    rows = []
+    for r in results:
+        f = r.get("figures", {})
+        outcome = {"pass": "pass", "fail": "**FAIL**", "skip": "skip"}[r["status"]]
+        rows.append(
+            [
+                f"`{r['name']}`",
+                _cell(r["what"]),
+                outcome + (f": {_cell(r['reason'])}" if r.get("reason") else ""),
+                _num(r.get("seconds"), 0),
+                _num(f.get("epoch_seconds_mean"), 2),
+                _num(f.get("train_samples_per_second") or f.get("test_samples_per_second"), 0),
+                _num(f.get("mfu"), 1, 100),
+                _num(f.get("peak_memory_mb"), 0),
+            ]
+        )
+    text = [
+        "# GPU check",
+        "",
+        f"Produced by `{command}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: "
+        f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped.",
+        "",
+        "## Environment",
+        "",
+        markdown_table(["", "value"], [[key, f"`{value}`"] for key, value in environment.items()]),
+        "",
+        "## Paths",
+        "",
+        "Each command ran as `python -m project ...` in a fresh process on synthetic data at 112 px. Figures are",
+        "from its `timing.json`: steady epoch seconds, images/s (training, or test for test-only paths), MFU",
+        "where the run reports it, peak allocated GPU memory.",
+        "",
+        markdown_table(["path", "what", "result", "s", "s/epoch", "img/s", "MFU %", "peak MiB"], rows),
+        "",
+    ]
+    cost = next((r for r in results if r["name"] == TIMING_COST and r["status"] == "pass"), None)
+    if cost is not None:
+        f = cost["figures"]
+        epochs = f["epochs"]
+        text += [
+            "## Cost of the timing callback",
+            "",
+            f"Wall time of the whole process for 1 and for {epochs} epochs; img/s = the images of the",
+            f"{epochs - 1} extra epochs over the difference (start-up cancels out). `timing.json` img/s: the",
+            "callback's own figure (steady epochs); the run with the callback off has none.",
+            "",
+            markdown_table(
+                ["timing", "1 epoch s", f"{epochs} epochs s", "img/s", "vs off", "timing.json img/s", "MFU %"],
+                [
+                    [
+                        v["variant"],
+                        _num(v["wall_1_epoch_s"], 1),
+                        _num(v[f"wall_{epochs}_epochs_s"], 1),
+                        _num(v["images_per_second"], 0),
+                        "–" if v["vs_off"] is None else f"{v['vs_off']:.3f}",
+                        _num(v["timing_json_samples_per_second"], 0),
+                        _num(v["mfu"], 1, 100),
+                    ]
+                    for v in f["variants"]
+                ],
+            ),
+            "",
+        ]
+    failures = [r for r in results if r["status"] == "fail"]
+    if failures:
+        text += ["## Failures", ""]
+        for r in failures:
+            text += [
+                f"### `{r['name']}`: {r['reason']}",
+                "",
+                f"`{r['commands'][-1]}`" if r["commands"] else "",
+                "",
+                "```",
+                *r.get("error_lines", []),
+                "```",
+                "",
+            ]
+    markdown, raw = out / "gpu-check.md", out / "gpu-check.json"
+    markdown.write_text("\n".join(text))
+    raw.write_text(json.dumps({"command": command, "environment": environment, "results": results}, indent=2) + "\n")
+    return markdown, raw
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu_check",
+        description="Check every CUDA path of the template on this machine's GPU (minutes, synthetic data).",
+    )
+    parser.add_argument("--out", type=Path, help="report folder (default: benchmarks/results/gpu-<device>)")
+    parser.add_argument("--paths", help=f"comma-separated subset of: {', '.join(path_names())}")
+    parser.add_argument("--runs", type=Path, help="keep the runs in this folder (default: a temporary one)")
+    parser.add_argument("--timeout-minutes", type=float, default=10.0, help="per command (default 10)")
+    parser.add_argument("--timing-batches", type=int, default=50, help="batches per epoch of timing-cost (50)")
+    parser.add_argument("--timing-epochs", type=int, default=4, help="long run of timing-cost, >= 2 (4)")
+    args = parser.parse_args(argv)
+    if args.timing_epochs < 2 or args.timing_batches < 2:
+        parser.error("--timing-epochs and --timing-batches must be >= 2")
+    return args
+
+
+def run_all(names: list[str], runs: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    paths = {p.name: p for p in check_paths()}
+    timeout_s = args.timeout_minutes * 60
+    results: list[dict[str, Any]] = []
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{len(names)}] {name}: running", flush=True)
+        if name == TIMING_COST:
+            result = timing_cost(runs / name, timeout_s, args.timing_batches, args.timing_epochs)
+        else:
+            path = paths[name]
+            base = next((r for r in results if r["name"] == path.after), None)
+            if base is not None and base["status"] != "pass":
+                result = {"name": name, "what": path.what, "commands": [], "figures": {}, "status": "skip"}
+                result["reason"] = f"needs {path.after}, which did not pass"
+            else:
+                result = run_path(path, runs / (path.after or name), timeout_s)
+        detail = f" ({result['reason']})" if result.get("reason") else ""
+        print(f"[{i}/{len(names)}] {name}: {result['status']}{detail}", flush=True)
+        results.append(result)
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the checks and write the report; 0 when none failed. Without a CUDA GPU: one line, 0, nothing run."""
+    args = parse_args(argv)
+    line = no_gpu_line()
+    if line is not None:
+        print(line)
+        return 0
+    from project.measure.environment import run_environment  # imports Lightning: not needed without a GPU
+
+    environment = run_environment()
+    names = select(args.paths.split(",") if args.paths else None)
+    out = args.out or RESULTS / f"gpu-{slug(environment['device_name'])}"
+    command = shlex.join(["python", "-m", "benchmarks.gpu_check", *(sys.argv[1:] if argv is None else argv)])
+    if args.runs is not None:
+        results = run_all(names, args.runs, args)
+    else:
+        with tempfile.TemporaryDirectory(prefix="gpu-check-") as runs:
+            results = run_all(names, Path(runs), args)
+    markdown, _ = write_report(results, environment, out, command)
+    counts = {s: sum(r["status"] == s for r in results) for s in ("pass", "fail", "skip")}
+    print(f"gpu-check: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped; report: {markdown}")
+    return 1 if counts["fail"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

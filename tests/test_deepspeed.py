@@ -1,0 +1,272 @@
+"""DeepSpeed: the refusals, and its checkpoint folders on a single device (:mod:`project.strategies.deepspeed`).
+
+What needs DeepSpeed itself (a CUDA GPU and the deepspeed package) is not run here: training under it, the
+folder it writes, and Lightning's conversion of that folder. Those run in ``python -m benchmarks.gpu_check``.
+Here the folder layout is written by hand and the conversion is replaced by a stand-in, so everything of
+this template's own around them is exercised.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from jsonargparse import Namespace
+from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+from lightning.pytorch.strategies import DeepSpeedStrategy, StrategyRegistry
+
+from project.errors import ProjectError
+from project.strategies import deepspeed
+from project.strategies.deepspeed import (
+    check_deepspeed_choice,
+    consolidated_path,
+    is_deepspeed_checkpoint,
+    is_deepspeed_strategy,
+    resolve_deepspeed_checkpoint,
+    single_device_checkpoint,
+)
+
+CUDA_ONLY = "DeepSpeed runs on CUDA GPUs only (Lightning's DeepSpeedStrategy)"
+CPU_CHOICES = "on CPUs use --trainer.strategy=ddp or --trainer.strategy=fsdp"
+
+
+@pytest.fixture
+def installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deepspeed, "_deepspeed_installed", lambda: True)
+
+
+@pytest.fixture
+def not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deepspeed, "_deepspeed_installed", lambda: False)
+
+
+def refusal(strategy: object, accelerator: object) -> str:
+    with pytest.raises(ProjectError) as caught:
+        check_deepspeed_choice(strategy, accelerator)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+# --------------------------------------------------------------------------- choosing DeepSpeed
+
+
+def test_lightnings_deepspeed_names_are_registered() -> None:
+    assert {"deepspeed", "deepspeed_stage_2", "deepspeed_stage_3"} <= set(StrategyRegistry.available_strategies())
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "deepspeed",
+        "deepspeed_stage_2",
+        "deepspeed_stage_3_offload",
+        "lightning.pytorch.strategies.DeepSpeedStrategy",
+        DeepSpeedStrategy,
+        {"class_path": "lightning.pytorch.strategies.DeepSpeedStrategy", "init_args": {"stage": 2}},
+        Namespace(class_path="lightning.pytorch.strategies.DeepSpeedStrategy"),
+    ],
+)
+def test_deepspeed_in_any_form_is_recognised(strategy: object) -> None:
+    assert is_deepspeed_strategy(strategy)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp", "fsdp", "dp", None, Namespace(class_path="a.DDPStrategy")])
+def test_other_strategies_are_not(strategy: object) -> None:
+    assert not is_deepspeed_strategy(strategy)
+
+
+@pytest.mark.usefixtures("installed")
+def test_refused_on_cpu() -> None:
+    message = refusal("deepspeed_stage_2", "cpu")
+    assert message.startswith("trainer.strategy='deepspeed_stage_2': ")
+    assert CUDA_ONLY in message and "trainer.accelerator='cpu'" in message and CPU_CHOICES in message
+    assert CUDA_ONLY in refusal(DeepSpeedStrategy, CPUAccelerator())
+    assert CUDA_ONLY in refusal(Namespace(class_path="lightning.pytorch.strategies.DeepSpeedStrategy"), "cpu")
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("accelerator", ["auto", None])
+def test_refused_on_auto_without_a_gpu(monkeypatch: pytest.MonkeyPatch, accelerator: object) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    message = refusal("deepspeed", accelerator)
+    assert "trainer.accelerator='auto' and this machine has no CUDA GPU" in message and CPU_CHOICES in message
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize("accelerator", ["mps", "tpu", "xla_cpu"])
+def test_refused_on_other_accelerators(accelerator: str) -> None:
+    assert f"trainer.accelerator={accelerator!r}" in refusal("deepspeed_stage_3", accelerator)
+
+
+@pytest.mark.usefixtures("installed")
+@pytest.mark.parametrize(
+    "accelerator", ["gpu", "cuda", "lightning.pytorch.accelerators.CUDAAccelerator", CUDAAccelerator]
+)
+def test_accepted_on_cuda(accelerator: object) -> None:
+    check_deepspeed_choice("deepspeed_stage_2", accelerator)
+
+
+@pytest.mark.usefixtures("installed")
+def test_accepted_on_auto_with_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_deepspeed_choice("deepspeed_stage_2", "auto")
+
+
+@pytest.mark.usefixtures("not_installed")
+def test_refused_without_the_package_on_a_gpu() -> None:
+    message = refusal("deepspeed_stage_2", "gpu")
+    assert message == (
+        "trainer.strategy='deepspeed_stage_2' needs the deepspeed package, which is not installed: "
+        "pip install -e '.[deepspeed]'"
+    )
+
+
+@pytest.mark.usefixtures("not_installed")
+def test_the_accelerator_is_named_first() -> None:
+    """Installing deepspeed would not help a CPU run: the CPU refusal comes first."""
+    assert CUDA_ONLY in refusal("deepspeed_stage_2", "cpu")
+
+
+@pytest.mark.usefixtures("not_installed")
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "auto", "dp"])
+def test_other_strategies_pass(strategy: str) -> None:
+    check_deepspeed_choice(strategy, "cpu")
+
+
+def test_the_package_check_is_real() -> None:
+    assert deepspeed._deepspeed_installed() == (importlib.util.find_spec("deepspeed") is not None)
+
+
+# --------------------------------------------------------------------------- checkpoint folders
+
+
+def fake_deepspeed_folder(path: Path, zero3: bool = False) -> Path:
+    """The layout Lightning's DeepSpeedStrategy.save_checkpoint leaves (deepspeed_engine.save_checkpoint with
+    tag="checkpoint"), with empty files: ``latest`` names the tag folder of model and optimizer states."""
+    tag = path / "checkpoint"
+    tag.mkdir(parents=True)
+    (path / "latest").write_text("checkpoint")
+    model = "zero_pp_rank_0_mp_rank_00_model_states.pt" if zero3 else "mp_rank_00_model_states.pt"
+    (tag / model).write_bytes(b"")
+    for rank in (0, 1):
+        (tag / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"")
+    (path / "zero_to_fp32.py").write_text("")
+    return path
+
+
+@pytest.mark.parametrize("zero3", [False, True])
+def test_a_deepspeed_folder_is_recognised(tmp_path: Path, zero3: bool) -> None:
+    assert is_deepspeed_checkpoint(fake_deepspeed_folder(tmp_path / "last.ckpt", zero3))
+    assert is_deepspeed_checkpoint(str(tmp_path / "last.ckpt"))
+
+
+def test_what_is_not_a_deepspeed_folder(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.ckpt"
+    torch.save({"state_dict": {}}, plain)
+    assert not is_deepspeed_checkpoint(plain)
+    assert not is_deepspeed_checkpoint(tmp_path / "missing.ckpt")
+    sharded = tmp_path / "fsdp.ckpt"  # torch distributed checkpoint (fsdp with save_distributed_checkpoint)
+    sharded.mkdir()
+    (sharded / ".metadata").write_bytes(b"")
+    assert not is_deepspeed_checkpoint(sharded)
+    no_tag_folder = fake_deepspeed_folder(tmp_path / "a.ckpt")
+    (no_tag_folder / "latest").write_text("global_step7")  # names a folder that is not there
+    assert not is_deepspeed_checkpoint(no_tag_folder)
+    empty_tag = fake_deepspeed_folder(tmp_path / "b.ckpt")
+    (empty_tag / "checkpoint" / "mp_rank_00_model_states.pt").unlink()  # half written: no model states
+    assert not is_deepspeed_checkpoint(empty_tag)
+
+
+def test_a_plain_file_passes_through(tmp_path: Path) -> None:
+    plain = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {}}, plain)
+    assert single_device_checkpoint(plain) == str(plain)
+    assert single_device_checkpoint(str(plain)) == str(plain)
+    assert single_device_checkpoint("no/such/file.ckpt") == "no/such/file.ckpt"  # checked elsewhere, with its message
+
+
+def test_the_consolidated_file_lies_beside_the_folder(tmp_path: Path) -> None:
+    assert consolidated_path(tmp_path / "last.ckpt") == tmp_path / "last.consolidated.ckpt"
+    assert consolidated_path(tmp_path / "epoch003-val_acc0.5.ckpt").name == "epoch003-val_acc0.5.consolidated.ckpt"
+
+
+@pytest.mark.usefixtures("not_installed")
+def test_a_fresh_consolidated_file_is_reused_without_deepspeed(tmp_path: Path) -> None:
+    folder = fake_deepspeed_folder(tmp_path / "last.ckpt")
+    made = consolidated_path(folder)
+    torch.save({"state_dict": {}}, made)
+    later = time.time() + 10
+    os.utime(made, (later, later))
+    assert single_device_checkpoint(folder) == str(made)
+
+
+@pytest.mark.usefixtures("not_installed")
+def test_consolidating_without_deepspeed_says_how_to_install_it(tmp_path: Path) -> None:
+    folder = fake_deepspeed_folder(tmp_path / "last.ckpt")
+    made = consolidated_path(folder)
+    torch.save({"state_dict": {}}, made)
+    earlier = time.time() - 100  # older than the folder: last.ckpt was saved again since
+    os.utime(made, (earlier, earlier))
+    with pytest.raises(ProjectError, match=r"DeepSpeed checkpoint folder.*pip install -e '\.\[deepspeed\]'$"):
+        single_device_checkpoint(folder)
+
+
+@pytest.fixture
+def converter(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, Path]]:
+    """Lightning's converter replaced by a stand-in that returns what it would (its client state, with some
+    of DeepSpeed's engine keys Lightning leaves in) and writes it, as it does, to the output file."""
+    import lightning.pytorch.utilities.deepspeed as lightning_deepspeed
+
+    calls: list[tuple[Path, Path]] = []
+
+    def convert(checkpoint_dir: Path, output_file: Path, tag: str | None = None) -> dict:
+        calls.append((Path(checkpoint_dir), Path(output_file)))
+        state = {
+            "epoch": 1,
+            "global_step": 20,
+            "state_dict": {"net.weight": torch.ones(2)},
+            "hyper_parameters": {"arch": "mobilenet_v2"},
+            "ds_config": {"zero_optimization": {"stage": 2}},
+            "ds_version": "0.16.0",
+            "param_shapes": [{"net.weight": torch.Size([2])}],
+            "buffer_names": [],
+        }
+        torch.save(state, output_file)
+        return state
+
+    monkeypatch.setattr(lightning_deepspeed, "convert_zero_checkpoint_to_fp32_state_dict", convert)
+    monkeypatch.setattr(deepspeed, "_deepspeed_installed", lambda: True)
+    return calls
+
+
+def test_consolidation_makes_one_plain_lightning_file_once(tmp_path: Path, converter: list) -> None:
+    folder = fake_deepspeed_folder(tmp_path / "last.ckpt")
+    path = single_device_checkpoint(folder)
+    assert path == str(tmp_path / "last.consolidated.ckpt")
+    (source, written), *_ = converter
+    assert source == folder and written.parent == tmp_path and written.name.startswith(".last.consolidated.ckpt")
+    checkpoint = torch.load(path, weights_only=True)  # as LightningCLI reads hyperparameters
+    assert set(checkpoint) == {"epoch", "global_step", "state_dict", "hyper_parameters"}
+    assert torch.equal(checkpoint["state_dict"]["net.weight"], torch.ones(2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "last.consolidated.ckpt"]  # no partial file
+    assert single_device_checkpoint(folder) == path
+    assert len(converter) == 1  # made once
+
+
+def test_resolving_for_a_run(tmp_path: Path, converter: list) -> None:
+    folder = fake_deepspeed_folder(tmp_path / "last.ckpt")
+    assert resolve_deepspeed_checkpoint(folder, "deepspeed_stage_2", "fit") == str(folder)  # DeepSpeed resumes
+    assert resolve_deepspeed_checkpoint(folder, "deepspeed_stage_2", "test") == str(folder)
+    with pytest.raises(ProjectError, match=r"resume it with the DeepSpeed strategy") as caught:
+        resolve_deepspeed_checkpoint(folder, "auto", "fit")
+    assert "\n" not in str(caught.value)
+    assert converter == []
+    assert resolve_deepspeed_checkpoint(folder, "auto", "test") == str(consolidated_path(folder))
+    assert resolve_deepspeed_checkpoint(folder, "ddp", "predict") == str(consolidated_path(folder))
+    plain = tmp_path / "plain.ckpt"
+    assert resolve_deepspeed_checkpoint(plain, "auto", "fit") == str(plain)

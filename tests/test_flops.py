@@ -1,0 +1,215 @@
+"""FLOPs per image, device peaks and MFU: :mod:`project.measure.flops`."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+from project.measure.flops import (
+    PEAK_TFLOPS,
+    arch_flops_per_sample,
+    convolutions_use_tf32,
+    mfu,
+    model_flops_per_sample,
+    peak_tflops,
+)
+from project.nets import build_network
+
+
+@functools.cache
+def counted(arch: str, image_size: int) -> dict[str, int]:
+    """Each (network, size) counted once for the whole module: a ResNet50 takes about a second here."""
+    return arch_flops_per_sample(arch, 10, image_size)
+
+
+# --------------------------------------------------------------------------- counting
+
+
+def tiny_network() -> nn.Module:
+    """A convolution, a depthwise (grouped) convolution and a linear layer, on 3 x 8 x 8 images."""
+    return nn.Sequential(
+        nn.Conv2d(3, 4, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, kernel_size=3, padding=1, groups=4),
+        nn.Flatten(),
+        nn.Linear(4 * 8 * 8, 10),
+    )
+
+
+def test_a_network_counted_by_hand() -> None:
+    # Multiply-adds (MACs) of the forward pass, per image; a MAC is 2 FLOPs, biases are not counted.
+    conv = 8 * 8 * 4 * 3 * 3 * 3  # output positions x output channels x input channels x kernel = 6912
+    depthwise = 8 * 8 * 4 * 1 * 3 * 3  # each output channel sees 4 / groups(4) = 1 input channel: 2304
+    linear = 256 * 10  # 2560
+    forward = 2 * (conv + depthwise + linear)  # 23552
+    # The backward: every forward MAC has one MAC in the weight gradient and one in the input gradient,
+    # except the first convolution's input gradient, which nothing needs (the images are not trained).
+    backward = 2 * (conv + 2 * depthwise + 2 * linear)  # 2 x 16640 = 33280
+    assert model_flops_per_sample(tiny_network(), image_size=8) == {"train": forward + backward, "inference": forward}
+    assert forward + backward == 56832
+
+
+def test_grouped_convolutions_are_not_counted_once_per_group() -> None:
+    """torch's own formula counts a depthwise convolution's weight gradient C times (C = channels): a
+    depthwise layer's backward must be twice its forward, whatever the number of groups."""
+    for channels in (4, 64):
+        net = nn.Sequential(nn.Conv2d(3, channels, 1), nn.Conv2d(channels, channels, 3, padding=1, groups=channels))
+        counts = model_flops_per_sample(net, image_size=8)
+        pointwise = 2 * 8 * 8 * channels * 3  # forward; its backward: the weight gradient only
+        depthwise = 2 * 8 * 8 * channels * 9
+        assert counts == {"train": 2 * pointwise + 3 * depthwise, "inference": pointwise + depthwise}
+
+
+# The first convolution (the stem) of each network at ``size`` px, in MACs: stride 2, so (size / 2)^2 output
+# positions, 3 input channels.
+STEMS = {
+    "mobilenet_v2": lambda size: (size // 2) ** 2 * 32 * 3 * 3 * 3,  # 3x3, 32 channels
+    "resnet50": lambda size: (size // 2) ** 2 * 64 * 3 * 7 * 7,  # 7x7, 64 channels
+}
+CLASSIFIERS = {"mobilenet_v2": 1280 * 10, "resnet50": 2048 * 10}  # the final linear layer's MACs
+
+
+@pytest.mark.parametrize("arch", ["mobilenet_v2", "resnet50"])
+@pytest.mark.parametrize("size", [32, 112])
+def test_training_is_three_forwards_less_the_stems_input_gradient(arch: str, size: int) -> None:
+    """Each counted forward operation costs twice as much again in the backward (input and weight gradient),
+    except the stem's input gradient, which is not computed: train = 3 x inference - 2 x stem MACs, exactly.
+    So train is just under 3 x inference: within 4 % (the stem is 1 % of ResNet50's work, 2 % of MobileNetV2's)."""
+    counts = counted(arch, size)
+    assert counts["train"] == 3 * counts["inference"] - 2 * STEMS[arch](size)
+    assert 2.88 < counts["train"] / counts["inference"] < 3.0
+
+
+@pytest.mark.parametrize("arch", ["mobilenet_v2", "resnet50"])
+def test_work_grows_with_the_number_of_pixels(arch: str) -> None:
+    """At sizes that are multiples of the networks' total stride (32) every feature map grows with the image
+    area, and only the classifier does not: inference(k x 32 px) = k^2 x (inference(32) - classifier) +
+    classifier, exactly. At 112 px (3.5 x 32) the stride-2 layers round 3.5 up to 4 in the last stage, so the
+    count is above (112 / 32)^2 x that at 32 px, by 8 % for MobileNetV2 and 5 % for ResNet50."""
+    at_32 = counted(arch, 32)["inference"]
+    classifier = 2 * CLASSIFIERS[arch]
+    for size in (64, 224):
+        k = size // 32
+        assert counted(arch, size)["inference"] == k**2 * (at_32 - classifier) + classifier
+    ratio = counted(arch, 112)["inference"] / at_32
+    assert (112 / 32) ** 2 < ratio < 1.1 * (112 / 32) ** 2
+
+
+def test_published_sizes_at_224_px() -> None:
+    """ResNet50: 4.1 GMACs (8.2 GFLOPs); MobileNetV2: 300 MMACs (0.6 GFLOPs), both with 1000 classes."""
+    assert arch_flops_per_sample("resnet50", 1000, 224)["inference"] / 1e9 == pytest.approx(8.2, rel=0.01)
+    assert arch_flops_per_sample("mobilenet_v2", 1000, 224)["inference"] / 1e9 == pytest.approx(0.6, rel=0.02)
+
+
+def test_the_network_passed_in_is_unchanged() -> None:
+    torch.manual_seed(0)
+    net = build_network("mobilenet_v2", 10)  # BatchNorm: a training-mode forward would move its running stats
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    counts = model_flops_per_sample(net, image_size=32)
+    assert counts == counted("mobilenet_v2", 32)  # a real network counts as the meta-built one
+    assert net.training
+    after = net.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None and p.device.type == "cpu" for p in net.parameters())
+    net.eval()
+    model_flops_per_sample(net, image_size=32, channels_last=False)
+    assert not net.training
+
+
+def test_the_memory_layout_does_not_change_the_count() -> None:
+    net = tiny_network()
+    assert model_flops_per_sample(net, 8, channels_last=True) == model_flops_per_sample(net, 8, channels_last=False)
+
+
+# --------------------------------------------------------------------------- peaks and MFU
+
+
+@pytest.mark.parametrize(
+    ("name", "row"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA A100-SXM4-40GB", "A100"),
+        ("NVIDIA A100-PCIE-40GB", "A100"),
+        ("NVIDIA A100 80GB PCIe", "A100"),
+        ("NVIDIA L4", "L4"),
+    ],
+)
+def test_known_devices(name: str, row: str) -> None:
+    assert peak_tflops(name, "bf16-mixed", tf32=False) == PEAK_TFLOPS[row]["bf16"]
+
+
+def test_the_datasheet_figures() -> None:
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16-mixed", tf32=False) == 989.4
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "32-true", tf32=True) == 494.7
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "32-true", tf32=False) == 67.0
+    assert peak_tflops("NVIDIA H100 PCIe", "16-mixed", tf32=False) == 756.0
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "32-true", tf32=True) == 156.0
+    assert peak_tflops("NVIDIA L4", "32-true", tf32=True) == 60.0
+    assert peak_tflops("NVIDIA L4", "32-true", tf32=False) == 30.3
+    for row in PEAK_TFLOPS.values():  # tensor cores: bf16 and fp16 alike, twice TF32, above plain FP32
+        assert row["bf16"] == row["fp16"] == pytest.approx(2 * row["tf32"], rel=0.01)
+        assert row["tf32"] > row["fp32"]
+
+
+@pytest.mark.parametrize(
+    ("precision", "tf32", "column"),
+    [
+        ("32-true", False, "fp32"),
+        ("32-true", True, "tf32"),
+        ("32", True, "tf32"),
+        (32, False, "fp32"),
+        ("bf16-mixed", False, "bf16"),
+        ("bf16-true", True, "bf16"),  # tf32 concerns float32 work only
+        ("16-mixed", False, "fp16"),
+        ("16-true", True, "fp16"),
+        (16, False, "fp16"),
+    ],
+)
+def test_precisions(precision: str | int, tf32: bool, column: str) -> None:
+    assert peak_tflops("NVIDIA H100 PCIe", precision, tf32) == PEAK_TFLOPS["H100 PCIe"][column]
+
+
+@pytest.mark.parametrize(
+    ("name", "precision"),
+    [
+        ("cpu", "32-true"),
+        ("AMD EPYC", "bf16-mixed"),
+        ("NVIDIA L40S", "bf16-mixed"),  # not an L4
+        ("NVIDIA GeForce RTX 4090", "16-mixed"),
+        ("Tesla V100-SXM2-16GB", "16-mixed"),
+        ("NVIDIA H100 80GB HBM3", "64-true"),
+        ("NVIDIA H100 80GB HBM3", "transformer-engine"),
+        ("NVIDIA H100 80GB HBM3", "weird"),
+    ],
+)
+def test_no_guess_for_what_the_table_does_not_hold(name: str, precision: str) -> None:
+    assert peak_tflops(name, precision, tf32=True) is None
+
+
+def test_tf32_follows_cudnn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert convolutions_use_tf32() is False
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    assert convolutions_use_tf32() is True
+
+
+def test_mfu() -> None:
+    assert mfu(None, 989.4) is None
+    assert mfu(10.0, None) is None
+    assert mfu(10.0, 0.0) is None
+    assert mfu(10.0, -1.0) is None
+    # 5000 images/s of MobileNetV2 at 112 px, on one H100 SXM in bf16
+    achieved = 5000 * counted("mobilenet_v2", 112)["train"] / 1e12
+    assert achieved == pytest.approx(2.4004, abs=1e-4)
+    assert mfu(achieved, peak_tflops("NVIDIA H100 80GB HBM3", "bf16-mixed", tf32=False)) == pytest.approx(
+        2.4004032 / 989.4
+    )
