@@ -61,6 +61,7 @@ from project.errors import ProjectError
 from project.log import get_logger
 from project.model import ImageClassifier
 from project.strategies import leave_gloo_process_group, register_strategies
+from project.strategies.deepspeed import check_deepspeed_choice, is_deepspeed_checkpoint, resolve_deepspeed_checkpoint
 
 log = get_logger(__name__)
 
@@ -129,12 +130,18 @@ class ProjectCLI(LightningCLI):
         if value in ("last", "best"):
             config.ckpt_path = find_checkpoint(value, _runs_root(config.trainer), allow_none=subcommand == "fit")
         if config.ckpt_path not in (None, "hpc"):
-            check_checkpoint_file(config.ckpt_path, num_classes=NUM_CLASSES)  # one line naming a bad file
+            # A DeepSpeed folder: kept for a DeepSpeed run, consolidated into one file for one device.
+            config.ckpt_path = resolve_deepspeed_checkpoint(
+                config.ckpt_path, config.trainer.get("strategy"), subcommand
+            )
+            if not is_deepspeed_checkpoint(config.ckpt_path):
+                check_checkpoint_file(config.ckpt_path, num_classes=NUM_CLASSES)  # one line naming a bad file
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         trainer = config.trainer
         check_trainer_choices(trainer.get("strategy"), trainer.get("accelerator"), trainer.get("devices"))
+        check_deepspeed_choice(trainer.get("strategy"), trainer.get("accelerator"))
         switched_off = {name for name in DEFAULT_CALLBACKS if not config.callbacks[name]}
         if trainer.get("enable_checkpointing") is False:
             switched_off.add("checkpoint")  # the Trainer refuses a ModelCheckpoint it was told not to use

@@ -21,6 +21,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from project.compat import last_global_step_saved
 from project.errors import ProjectError
 from project.log import get_logger
+from project.strategies.deepspeed import single_device_checkpoint
 
 log = get_logger(__name__)
 
@@ -194,7 +195,7 @@ def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False) -> st
     if which == "last":
         log.info("--ckpt_path=last: %s", last)
         return str(last)
-    state = torch.load(last, map_location="cpu", weights_only=False).get("callbacks", {})
+    state = torch.load(single_device_checkpoint(last), map_location="cpu", weights_only=False).get("callbacks", {})
     best = next((s.get("best_model_path") for k, s in state.items() if k.startswith("ModelCheckpoint")), None)
     if not best or not Path(best).is_file():
         raise ProjectError(

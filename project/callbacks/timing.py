@@ -238,7 +238,8 @@ class TimingCallback(Callback):
         devices = trainer.num_devices * trainer.num_nodes
         total_peak = peak * devices if peak else None
         mfu = flops.mfu(achieved, total_peak)
-        return {f"{kind}_tflops_per_second": clean(achieved, 4), "peak_tflops": peak, "mfu": clean(mfu, 5)}
+        # Not rounded to a few decimals: on a CPU these are 1e-4 TFLOP/s and less.
+        return {f"{kind}_tflops_per_second": clean(achieved, 9), "peak_tflops": peak, "mfu": clean(mfu, 9)}
 
     def _publish(
         self,
@@ -271,11 +272,10 @@ def _count_flops(trainer: Trainer, pl_module: LightningModule) -> dict[str, floa
 
 def _device_peak_tflops(device: torch.device, precision: str) -> float | None:
     """The dense peak of a CUDA device at ``precision`` from the table of known GPUs; None elsewhere.
-    float32 matrix products count at the TF32 rate when torch lets them use it."""
+    float32 convolutions count at the TF32 rate when cuDNN is allowed to use it (torch's default)."""
     if device.type != "cuda":
         return None
-    tf32 = torch.get_float32_matmul_precision() != "highest"
-    return flops.peak_tflops(torch.cuda.get_device_name(device), precision, tf32=tf32)
+    return flops.peak_tflops(torch.cuda.get_device_name(device), precision, tf32=flops.convolutions_use_tf32())
 
 
 def _log_scalars(trainer: Trainer, metrics: dict[str, float | None], step: int) -> None:

@@ -66,14 +66,20 @@ def _meta_copy(net: nn.Module) -> nn.Module:
     """A deep copy of ``net`` whose parameters and buffers live on the ``meta`` device: shapes without data.
 
     The copy is made with the tensors already replaced (``deepcopy``'s memo), so the network's weights are
-    never copied -- nor allocated on its device.
+    never copied -- nor allocated on its device. The copy keeps none of the network's hooks: a hook that
+    records or changes something (a user's, a profiler's) must not see the count's passes.
     """
     memo: dict[int, Any] = {}
     for p in net.parameters():
         memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
     for b in net.buffers():
         memo[id(b)] = torch.empty_like(b, device="meta")
-    return copy.deepcopy(net, memo)
+    model = copy.deepcopy(net, memo)
+    for module in model.modules():
+        for hooks in (module._forward_pre_hooks, module._forward_hooks, module._backward_hooks):
+            hooks.clear()
+        module._backward_pre_hooks.clear()
+    return model
 
 
 def model_flops_per_sample(net: nn.Module, image_size: int, channels_last: bool = True) -> dict[str, int]:
