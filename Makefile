@@ -45,9 +45,9 @@ test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included
 # cores). Results in benchmarks/results/perf/; each script's last line is its headline ratio.
 .PHONY: bench-perf
 bench-perf: $(VENV)/.installed-dev  ## the three performance benchmarks (ARGS go to each, e.g. --repeats 3)
-	$(PY) benchmarks/overhead.py $(ARGS)
-	$(PY) benchmarks/inference.py $(ARGS)
-	$(PY) benchmarks/input.py $(ARGS)
+	$(PY) -m benchmarks.overhead $(ARGS)
+	$(PY) -m benchmarks.inference $(ARGS)
+	$(PY) -m benchmarks.input $(ARGS)
 
 # In a variable because a comma written in $(call ...) would split its arguments.
 XLA_EXTRAS := [xla,dev]
