@@ -63,8 +63,8 @@ test-xla: $(VENV_XLA)/.installed  ## the XLA tests (fit + test on the XLA CPU de
 	PJRT_DEVICE=CPU REQUIRE_XLA=1 $(PY_XLA) -m pytest -m xla $(ARGS)
 
 lint: $(VENV)/.installed-dev
-	$(PY) -m ruff check project tests
-	$(PY) -m ruff format --check project tests
+	$(PY) -m ruff check project tests benchmarks
+	$(PY) -m ruff format --check project tests benchmarks
 
 tensorboard: $(VENV)/.installed  ## serve the runs under LOGDIR on http://localhost:6006
 	$(PY) -m tensorboard.main --logdir $(LOGDIR)
