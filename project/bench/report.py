@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from project.bench.config import SINGLE
-from project.measure.tables import markdown_table
+from project.measure.tables import markdown_table, mean_std, number
 
 # Where a cell's figures were taken, as the timing callback records it; shown once above the tables.
 ENVIRONMENT_KEYS = (
@@ -33,6 +34,7 @@ ENVIRONMENT_KEYS = (
     "date",
 )
 PER_CELL = ("date",)  # differs from cell to cell by nature: not a difference of environment
+MISSING = "–"  # a figure a cell did not record
 
 
 def _baseline_key(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -77,18 +79,23 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
         writer.writerows(flat)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _num(value: Any, digits: int = 3, scale: float = 1.0) -> str:
-    return f"{value * scale:.{digits}f}" if isinstance(value, int | float) and not isinstance(value, bool) else "–"
+    """``value * scale``; "–" where it is missing (None, NaN, or not a number at all)."""
+    return number(value * scale if _is_number(value) else None, digits, missing=MISSING)
 
 
-def _pm(mean: float | None, std: float | None, digits: int = 3) -> str:
-    return _num(mean, digits) + ("" if std is None else f" ± {std:.{digits}f}")
+def _pm(mean: Any, std: Any, digits: int = 3) -> str:
+    return mean_std(mean if _is_number(mean) else None, std if _is_number(std) else None, digits, missing=MISSING)
 
 
 def _significant(value: Any, digits: int = 3) -> str:
     """``0.00512``, ``1.23``, ``312``: TFLOP/s span orders of magnitude from a CPU to a GPU."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return "–"
+    if not _is_number(value) or math.isnan(value):
+        return MISSING
     return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:.0f}"
 
 
@@ -101,7 +108,7 @@ def _memory(row: dict[str, Any], prefix: str) -> str:
 def _text(value: Any) -> str:
     """A value for a markdown cell: "–" for a missing one, no column breaks."""
     if value is None or value == "":
-        return "–"
+        return MISSING
     if isinstance(value, bool):
         return "yes" if value else "no"
     return str(value).replace("|", "\\|")
@@ -161,7 +168,7 @@ def write_markdown(rows: list[dict[str, Any]], path: Path, command: str, machine
             _num(r.get("train_samples_per_second"), 1),
             _significant(r.get("train_tflops_per_second")),
             _num(r.get("mfu"), 1, 100),
-            "–" if s is None else f"{s:.2f}x",
+            MISSING if s is None else f"{s:.2f}x",
         ]
         for r, s in ok
     ]
