@@ -279,6 +279,21 @@ def test_results_compare_each_cell_with_its_single_device_baseline(tmp_path: Pat
     assert "| variant |" not in text and "same arch, batch, precision)" in text
 
 
+def test_importing_bench_is_cheap() -> None:
+    """No torch, Lightning or matplotlib until a matrix runs (``python -m project bench --help``
+    should answer at once); the ``project`` package's own imports are left out of the check."""
+    code = (
+        "import sys, types; package = types.ModuleType('project'); package.__path__ = [sys.argv[1]]; "
+        "sys.modules['project'] = package; import project.bench; "
+        "print(sorted(m for m in ('torch', 'lightning', 'matplotlib') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "project")], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
+
+
 @pytest.mark.slow
 def test_a_failing_cell_is_recorded_and_a_finished_one_not_run_again(tmp_path: Path, capsys) -> None:
     config = write_config(tmp_path / "bench.yaml", {**TINY, "strategies": ["single", "no_such_strategy"]})
