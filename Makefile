@@ -45,9 +45,9 @@ test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included
 # cores). Results in benchmarks/results/perf/; each script's last line is its headline ratio.
 .PHONY: bench-perf
 bench-perf: $(VENV)/.installed-dev  ## the three performance benchmarks (ARGS go to each, e.g. --repeats 3)
-	$(PY) benchmarks/overhead.py $(ARGS)
-	$(PY) benchmarks/inference.py $(ARGS)
-	$(PY) benchmarks/input.py $(ARGS)
+	$(PY) -m benchmarks.overhead $(ARGS)
+	$(PY) -m benchmarks.inference $(ARGS)
+	$(PY) -m benchmarks.input $(ARGS)
 
 # Every CUDA path (precisions, compile, on-device data, ddp/fsdp/dp/deepspeed on one GPU, test/predict/resume from
 # a checkpoint, the NaN guard, the timing callback's cost) on this machine's GPU, in minutes, on synthetic data.
@@ -71,8 +71,8 @@ test-xla: $(VENV_XLA)/.installed  ## the XLA tests (fit + test on the XLA CPU de
 	PJRT_DEVICE=CPU REQUIRE_XLA=1 $(PY_XLA) -m pytest -m xla $(ARGS)
 
 lint: $(VENV)/.installed-dev
-	$(PY) -m ruff check project tests
-	$(PY) -m ruff format --check project tests
+	$(PY) -m ruff check project tests benchmarks
+	$(PY) -m ruff format --check project tests benchmarks
 
 tensorboard: $(VENV)/.installed  ## serve the runs under LOGDIR on http://localhost:6006
 	$(PY) -m tensorboard.main --logdir $(LOGDIR)

@@ -1,2 +1,3 @@
-"""The template's benchmarks: performance against plain PyTorch, and the GPU check
-(``python -m benchmarks.gpu_check``)."""
+"""The template's benchmarks, run from the repository root: template vs plain PyTorch
+(``python -m benchmarks.overhead``, ``.inference``, ``.input``; ``make bench-perf`` runs all three) and
+the check of every CUDA path on a GPU (``python -m benchmarks.gpu_check``, ``make gpu-check``)."""

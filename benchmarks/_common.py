@@ -2,14 +2,17 @@
 the plain PyTorch loops it is compared with, each in a fresh process, and reading their clocks.
 
 Both sides of every comparison run as their own process (the template through its real entry point,
-the plain loop through ``python benchmarks/_common.py fit|infer ...``), so neither inherits the other's
-warm caches, threads or memory. Both read their batches from the data module's own DataLoaders
-(same in-memory data, augmentation, sampler, workers, pinning): the input pipeline is measured on its
-own (``benchmarks/input.py``); the comparison is about the loop around it.
+the plain loops of :mod:`benchmarks.plain` through ``python -m benchmarks.plain fit|infer ...``), so
+neither inherits the other's warm caches, threads or memory. Both start in the repository root,
+where ``-m`` imports this checkout's ``project`` and ``benchmarks`` without any PYTHONPATH. Both read
+their batches from the data module's own DataLoaders (same in-memory data, augmentation, sampler,
+workers, pinning): the input pipeline is measured on its own (``python -m benchmarks.input``); the
+comparison is about the loop around it.
 
-Both sides are timed at the same instants: the template by one extra callback, :class:`Clock` (a
-``perf_counter()`` per batch, microseconds), the plain loops by the same calls in their code, after
-waiting for the device where it runs asynchronously. The figures are medians of per-step times:
+Both sides are timed at the same instants: the template by one extra callback,
+:class:`project.measure.stamps.StepStamps` (a ``perf_counter()`` per batch, microseconds), the
+plain loops by the same calls in their code, after waiting for the device where it runs
+asynchronously. The figures are medians of per-step times:
 
 - a step cycle is the time from the end of one batch to the end of the next, so it holds
   everything the loop does per batch -- loading, the hooks, logging, metrics, the progress bar, and
@@ -30,17 +33,12 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
-from torch import nn
-from torch.nn import functional as F
 
-from project.measure.devices import SyncingClock, synchronizer
 from project.measure.environment import machine_description
 from project.measure.tables import markdown_table, text_table
 
@@ -119,77 +117,23 @@ class Setup:
         ]
 
 
-# --------------------------------------------------------------------------- the observer callback
-
-
-class Clock(Callback):
-    """Writes ``perf_counter()`` stamps to ``path`` (JSON), in the layout the plain loops return:
-    ``epoch_starts`` and ``train_end`` (after the last checkpoint), ``train_batch_ends`` (a list per
-    epoch), and ``eval_batches`` (``[start, end, images]`` of every test or predict batch)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path)
-        self.stamps: dict[str, Any] = {"epoch_starts": [], "train_batch_ends": [], "eval_batches": []}
-        self._clock = SyncingClock()
-        self._start = 0.0
-
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # Waits for the device at each stamp, as the plain loops do: both sides pay the same.
-        self._clock = SyncingClock(synchronizer(trainer.strategy.root_device))
-
-    def _now(self) -> float:
-        return self._clock.mark()
-
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.stamps["epoch_starts"].append(self._now())
-        self.stamps["train_batch_ends"].append([])
-
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        self.stamps["train_batch_ends"][-1].append(self._now())
-
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.stamps["train_end"] = self._now()
-        self._write()
-
-    def on_test_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, *args: Any) -> None:
-        self._start = self._now()
-
-    def on_test_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, *args: Any
-    ) -> None:
-        self.stamps["eval_batches"].append([self._start, self._now(), len(batch[0])])
-
-    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._write()
-
-    # predict is clocked exactly as test is
-    on_predict_batch_start = on_test_batch_start
-    on_predict_batch_end = on_test_batch_end
-    on_predict_end = on_test_end
-
-    def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(self.stamps))
-
-
 # --------------------------------------------------------------------------- running a side
 
 
 def environment(threads: int) -> dict[str, str]:
-    """The child's environment: ``benchmarks/`` importable (for :class:`Clock`), and ``threads``
-    intra-op threads (0: torch's own choice, one per core)."""
+    """The child's environment: this one, with ``threads`` intra-op threads (0: torch's own choice,
+    one per core)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "benchmarks"), str(REPO), env.get("PYTHONPATH")]))
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return env
 
 
-def run(command: list[str], threads: int, cwd: Path) -> None:
-    """Run ``command``; on failure raise with the end of its output."""
-    cwd.mkdir(parents=True, exist_ok=True)
+def run(command: list[str], threads: int) -> None:
+    """Run ``command`` (a ``python -m ...``) in the repository root, where ``-m`` finds this checkout's
+    ``project`` and ``benchmarks``; on failure raise with the end of its output."""
     result = subprocess.run(
-        command, cwd=cwd, env=environment(threads), capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
+        command, cwd=REPO, env=environment(threads), capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
     )
     if result.returncode != 0:
         tail = (result.stdout + result.stderr)[-3000:]
@@ -198,8 +142,9 @@ def run(command: list[str], threads: int, cwd: Path) -> None:
 
 def template(stage: str, setup: Setup, folder: Path, threads: int, batch_size: int | None = None) -> dict[str, Any]:
     """``python -m project <stage>`` with the template's defaults and ``setup`` (evaluating in
-    batches of ``batch_size``); returns its ``timing.json``, with the :class:`Clock` stamps under
-    ``"clock"``."""
+    batches of ``batch_size``), writing into ``folder``; returns its ``timing.json``, with the
+    :class:`~project.measure.stamps.StepStamps` under ``"clock"``."""
+    folder.mkdir(parents=True, exist_ok=True)
     clock = folder / "clock.json"
     command = [
         sys.executable,
@@ -208,163 +153,32 @@ def template(stage: str, setup: Setup, folder: Path, threads: int, batch_size: i
         stage,
         *setup.cli_args(batch_size),
         f"--trainer.default_root_dir={folder}",
-        "--trainer.callbacks+=_common.Clock",
+        "--trainer.callbacks+=project.measure.stamps.StepStamps",
         f"--trainer.callbacks.path={clock}",
     ]
-    run(command, threads, cwd=folder)
+    run(command, threads)
     timing = json.loads(next(folder.glob("lightning_logs/version_*/timing.json")).read_text())
     timing["clock"] = json.loads(clock.read_text())
     return timing
 
 
 def plain_fit_run(setup: Setup, out: Path, threads: int) -> dict[str, Any]:
-    """:func:`plain_fit` in a fresh process; returns what it measured (also written to ``out``)."""
+    """:func:`benchmarks.plain.plain_fit` in a fresh process; returns what it measured (also written
+    to ``out``)."""
     return _plain("fit", [{"setup": asdict(setup)}], out, threads)[0]
 
 
 def plain_infer_run(jobs: list[tuple[Setup, int, bool]], out: Path, threads: int) -> list[dict[str, Any]]:
-    """:func:`plain_infer` for each ``(setup, batch size, predict)`` of ``jobs``, one after the other
-    in one fresh process; returns what each measured."""
+    """:func:`benchmarks.plain.plain_infer` for each ``(setup, batch size, predict)`` of ``jobs``, one
+    after the other in one fresh process; returns what each measured."""
     specs = [{"setup": asdict(setup), "batch_size": batch, "predict": predict} for setup, batch, predict in jobs]
     return _plain("infer", specs, out, threads)
 
 
 def _plain(task: str, specs: list[dict[str, Any]], out: Path, threads: int) -> list[dict[str, Any]]:
-    run([sys.executable, str(Path(__file__)), task, json.dumps(specs), str(out)], threads, cwd=out.parent)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run([sys.executable, "-m", "benchmarks.plain", task, json.dumps(specs), str(out)], threads)
     return json.loads(out.read_text())
-
-
-# --------------------------------------------------------------------------- the plain loops
-
-
-def build_net(setup: Setup, device: torch.device) -> nn.Module:
-    from project.nets import build_network
-
-    net = build_network(setup.arch, 10).to(device)
-    if setup.channels_last:
-        net = net.to(memory_format=torch.channels_last)
-    if setup.compile:
-        net.compile()
-    return net
-
-
-def autocast(setup: Setup, device: torch.device) -> AbstractContextManager:
-    if setup.precision == "bf16-mixed":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    if setup.precision == "16-mixed":
-        return torch.autocast(device.type, dtype=torch.float16)
-    return nullcontext()
-
-
-def to_device(images: torch.Tensor, labels: torch.Tensor, setup: Setup, device: torch.device) -> tuple:
-    memory_format = torch.channels_last if setup.channels_last else torch.preserve_format
-    images = images.to(device, non_blocking=True, memory_format=memory_format)
-    return images, labels.to(device, non_blocking=True)
-
-
-def plain_fit(setup: Setup, out: Path) -> dict[str, Any]:
-    """The training loop a careful user writes: SGD (Nesterov momentum, weight decay) with the
-    template's warm-up + cosine schedule stepped every iteration, channels_last, zero_grad with
-    ``set_to_none``, loss and accuracy summed on the device and read once per epoch, a validation
-    batch under ``inference_mode`` before training and after every epoch, and a checkpoint (model,
-    optimizer, schedule) every epoch.
-
-    Besides the :class:`Clock` stamps it returns ``epochs`` as ``timing.json`` has them: seconds from
-    the epoch's start to its last step (validation and the checkpoint come after) and images.
-    """
-    from project.model import WarmupCosine
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    now = SyncingClock(synchronizer(device)).mark  # waits for the device, then reads the host clock
-    seed_everything(SEED, verbose=False)  # as the template: the same initial weights and order of batches
-    data = setup.data_module()
-    data.setup("fit")
-    train_loader, val_loader = data.train_dataloader(), data.val_dataloader()
-    net = build_net(setup, device)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    steps = setup.train_batches
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(steps, steps * setup.epochs))
-    scaler = torch.amp.GradScaler(device.type, enabled=setup.precision == "16-mixed")
-    # Before training, as the template's sanity check does: the first evaluation has one-off costs
-    # (and so does the first training step after it), which then fall before the first epoch, too.
-    evaluate_once(net, val_loader, setup, device)
-    clock: dict[str, Any] = {"epoch_starts": [], "train_batch_ends": []}
-    epochs = []
-    for epoch in range(setup.epochs):
-        clock["epoch_starts"].append(start := now())
-        seed_everything(SEED + epoch, verbose=False)  # as the template's ReseedEveryEpoch: the same dropout
-        clock["train_batch_ends"].append(ends := [])
-        train_loader.sampler.set_epoch(epoch)  # the data module's sampler reshuffles by epoch
-        net.train()
-        loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), dtype=torch.long, device=device)
-        for step, (images, labels) in enumerate(train_loader):
-            if step == steps:
-                break
-            images, labels = to_device(images, labels, setup, device)
-            with autocast(setup, device):
-                logits = net(images)
-                loss = F.cross_entropy(logits, labels)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            loss_sum += loss.detach() * len(labels)
-            correct += (logits.argmax(1) == labels).sum()
-            ends.append(now())
-            schedule.step()
-        samples = steps * setup.batch_size
-        epochs.append({"seconds": ends[-1] - start, "samples": samples})
-        evaluate_once(net, val_loader, setup, device)
-        train_loss, train_acc = loss_sum.item() / samples, correct.item() / samples  # once per epoch
-        checkpoint = {"net": net.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
-        torch.save(checkpoint, out.parent / "plain-last.pt.tmp")
-        os.replace(out.parent / "plain-last.pt.tmp", out.parent / "plain-last.pt")
-        print(f"epoch {epoch}: loss {train_loss:.3f} acc {train_acc:.3f}", flush=True)
-    clock["train_end"] = now()
-    return {"epochs": epochs, "clock": clock}
-
-
-def evaluate_once(net: nn.Module, loader: Any, setup: Setup, device: torch.device) -> None:
-    """One pass over ``loader`` in eval mode under ``inference_mode``."""
-    net.eval()
-    with torch.inference_mode(), autocast(setup, device):
-        for images, labels in loader:
-            images, labels = to_device(images, labels, setup, device)
-            F.cross_entropy(net(images), labels)
-    net.train()
-
-
-def plain_infer(setup: Setup, batch_size: int, predict: bool) -> dict[str, Any]:
-    """The evaluation loop a careful user writes: eval mode, ``inference_mode``, channels_last, the
-    loss and accuracy of ``test`` summed on the device and read once at the end (``predict``: the
-    predicted classes, gathered once at the end). A batch is stamped from its arrival on the device
-    to its result, where the template's ``on_*_batch_start`` / ``on_*_batch_end`` hooks run."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    now = SyncingClock(synchronizer(device)).mark  # waits for the device, then reads the host clock
-    seed_everything(SEED, verbose=False)
-    data = setup.data_module(batch_size)
-    data.setup("test")
-    loader = data.test_dataloader()
-    net = build_net(setup, device).eval()
-    batches, predictions = [], []
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), dtype=torch.long, device=device)
-    with torch.inference_mode(), autocast(setup, device):
-        for step, (images, labels) in enumerate(loader):
-            if step == setup.test_batches:
-                break
-            images, labels = to_device(images, labels, setup, device)
-            start = now()
-            logits = net(images)
-            if predict:
-                predictions.append(logits.argmax(1))
-            else:
-                loss_sum += F.cross_entropy(logits, labels, reduction="sum")
-                correct += (logits.argmax(1) == labels).sum()
-            batches.append([start, now(), len(labels)])
-    results = torch.cat(predictions).cpu().tolist() if predict else [loss_sum.item(), correct.item()]
-    return {"results": len(results), "clock": {"eval_batches": batches}}
 
 
 # --------------------------------------------------------------------------- reading the numbers
@@ -452,8 +266,9 @@ def publish(
     print(headline)
 
 
-def common_arguments(description: str, default_repeats: int) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description)
+def common_arguments(module: str, description: str, default_repeats: int) -> argparse.ArgumentParser:
+    """The options every benchmark has; ``module`` is how it is started (``benchmarks.overhead``)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
     parser.add_argument(
         "--repeats", type=int, default=default_repeats, help="alternations of template and plain loop per case"
@@ -469,20 +284,3 @@ def common_arguments(description: str, default_repeats: int) -> argparse.Argumen
         "(default: 1 on a CPU-only machine, else 0)",
     )
     return parser
-
-
-def _main(task: str, specs: str, out: str) -> None:
-    """``python benchmarks/_common.py fit|infer '<json list>' OUT``: the plain-loop measurements of
-    :func:`plain_fit_run` / :func:`plain_infer_run`, written to OUT as a JSON list."""
-    results = []
-    for spec in json.loads(specs):
-        setup = Setup(**spec["setup"])
-        if task == "fit":
-            results.append(plain_fit(setup, Path(out)))
-        else:
-            results.append(plain_infer(setup, spec["batch_size"], spec["predict"]))
-    Path(out).write_text(json.dumps(results))
-
-
-if __name__ == "__main__":
-    _main(*sys.argv[1:])

@@ -2,15 +2,15 @@
 
 Both sides evaluate the same network (fresh weights: speed does not depend on them) on the same
 synthetic test images through the data module's test DataLoader. The plain loop is the one a careful
-user writes (``_common.plain_infer``): eval mode, ``inference_mode``, channels_last, results summed
-or gathered on the device and read once at the end. Template runs use its defaults (timing, progress
-bar, the prediction writer for ``predict``) and each runs as its own process; the plain loop runs all
-of a repeat's measurements one after the other in one process. The two alternate ``--repeats``
+user writes (``benchmarks.plain.plain_infer``): eval mode, ``inference_mode``, channels_last,
+results summed or gathered on the device and read once at the end. Template runs use its defaults
+(timing, progress bar, the prediction writer for ``predict``) and each runs as its own process; the
+plain loop runs all of a repeat's measurements one after the other in one process. The two alternate ``--repeats``
 times. Each side's best repeat is compared -- disturbances on a shared machine only ever slow a run
 down. Both sides leave the first 3 batches out (the TimingCallback's ``warmup_iterations``).
 
 Both sides are stamped at the same instants (the template by the observer callback
-``_common.Clock``, at its ``on_*_batch_start`` / ``on_*_batch_end`` hooks):
+``project.measure.stamps.StepStamps``, at its ``on_*_batch_start`` / ``on_*_batch_end`` hooks):
 
 - throughput (images/s), for ``test`` and ``predict``: the batch size over the median step cycle,
   end of one batch to the end of the next, so everything between batches counts too: loading, the
@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from _common import (
+from benchmarks._common import (
     Setup,
     best,
     common_arguments,
@@ -47,7 +47,6 @@ from _common import (
     spread,
     template,
 )
-
 from project.measure.tables import number
 
 GOAL = 0.98
@@ -74,7 +73,7 @@ def speed(result: dict[str, Any], batch_size: int, kind: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = common_arguments(__doc__.splitlines()[0], default_repeats=2)
+    parser = common_arguments("benchmarks.inference", __doc__.splitlines()[0], default_repeats=2)
     parser.add_argument("--options", action="store_true", help="also measure channels_last=false and bf16-mixed")
     args = parser.parse_args(argv)
     cases = CASES + (OPTION_CASES if args.options else [])

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import Setup, common_arguments, machine, publish, template
 
+from benchmarks._common import Setup, common_arguments, machine, publish, template
 from project.measure.tables import number
 
 GOAL = 0.05
@@ -51,7 +51,7 @@ def loader_rate(workers: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = common_arguments(__doc__.splitlines()[0], default_repeats=2)
+    parser = common_arguments("benchmarks.input", __doc__.splitlines()[0], default_repeats=2)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)  # the 0-worker case transforms in this process

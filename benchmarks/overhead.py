@@ -4,9 +4,10 @@ Both sides train the same network on the same in-memory data (synthetic CIFAR-sh
 the data module's DataLoader, the default number of workers), with the same global batch, SGD and
 warm-up + cosine schedule, for the same number of steps, each in a fresh process:
 
-- plain: the loop a careful user writes (``_common.plain_fit``): channels_last, ``zero_grad(set_to_none
-  =True)``, no host reads inside the epoch, a validation batch under ``inference_mode`` before
-  training (where the template has its sanity check) and after every epoch, a checkpoint every epoch;
+- plain: the loop a careful user writes (``benchmarks.plain.plain_fit``): channels_last,
+  ``zero_grad(set_to_none=True)``, no host reads inside the epoch, a validation batch under
+  ``inference_mode`` before training (where the template has its sanity check) and after every
+  epoch, a checkpoint every epoch;
 - template: ``python -m project fit`` with its default callbacks (timing, TensorBoard logger,
   checkpoint at epoch end, progress bar, fault guards, reseeding) and one validation batch per epoch.
 
@@ -37,7 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from _common import (
+from benchmarks._common import (
     Setup,
     best,
     common_arguments,
@@ -50,7 +51,6 @@ from _common import (
     steady_step_cycle,
     template,
 )
-
 from project.measure.tables import number
 
 GOAL = 0.98
@@ -113,7 +113,7 @@ def measure(setup: Setup, repeats: int, threads: int, work: Path) -> dict[str, A
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = common_arguments(__doc__.splitlines()[0], default_repeats=2)
+    parser = common_arguments("benchmarks.overhead", __doc__.splitlines()[0], default_repeats=2)
     parser.add_argument(
         "--options",
         action="store_true",

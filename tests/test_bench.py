@@ -58,6 +58,9 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         ({**TINY, "strategies": ["ddp"], "limit_val_batches": 1}, "limit_val_batches=1 is not allowed"),
         ({**TINY, "strategies": ["ddp"], "batch_sizes": [0]}, "batch_sizes=[0] is not allowed"),
         ({**TINY, "strategies": "ddp"}, "strategies='ddp' is not allowed: it must be a non-empty list"),
+        ({**TINY, "strategies": ["ddp"], "variants": {"on_device": "--x"}}, "variants={'on_device': '--x'} is not"),
+        ({**TINY, "strategies": ["ddp"], "variants": ["--x"]}, "variants=['--x'] is not allowed: it must be a non"),
+        ({**TINY, "strategies": ["ddp"], "variants": {"a/b": []}}, "variants={'a/b': []} is not allowed"),
         (["single", "ddp"], "expected a mapping of settings, found list"),
     ],
 )
@@ -114,6 +117,141 @@ def test_every_cell_is_its_own_run_with_its_settings(tmp_path: Path) -> None:
     assert "--trainer.strategy=auto" in single and "--trainer.devices=1" in single
 
 
+def test_variants_are_one_more_dimension_of_the_matrix(tmp_path: Path) -> None:
+    variants = {"loader": [], "on_device": ["--data.on_device=true"]}
+    config = bench.load_config(
+        write_config(tmp_path / "bench.yaml", {**TINY, "strategies": ["single", "ddp"], "variants": variants})
+    )
+    cells = expand(config)
+    assert [c.name for c in cells] == [
+        "single-mobilenet_v2-b20-x1-32-true-loader",
+        "ddp-mobilenet_v2-b20-x2-32-true-loader",
+        "single-mobilenet_v2-b20-x1-32-true-on_device",
+        "ddp-mobilenet_v2-b20-x2-32-true-on_device",
+    ]
+    # a variant's options come after the shared ones
+    assert cell_args(config, cells[1], tmp_path)[-len(TINY["args"]) :] == TINY["args"]
+    assert cell_args(config, cells[3], tmp_path)[-len(TINY["args"]) - 1 :] == [*TINY["args"], "--data.on_device=true"]
+
+    # one variant: its options apply, the names stay as without variants
+    one = bench.load_config(
+        write_config(tmp_path / "one.yaml", {**TINY, "strategies": ["ddp"], "variants": {"on_device": ["--x=1"]}})
+    )
+    (cell,) = expand(one)
+    assert cell.name == "ddp-mobilenet_v2-b20-x2-32-true" and cell_args(one, cell, tmp_path)[-1] == "--x=1"
+    # none: a single unnamed variant without options
+    plain = bench.load_config(write_config(tmp_path / "plain.yaml", {**TINY, "strategies": ["ddp"]}))
+    assert [(c.variant, c.name) for c in expand(plain)] == [("", cell.name)]
+    assert cell_args(plain, cell, tmp_path)[-len(TINY["args"]) :] == TINY["args"]
+
+
+def test_a_variant_is_compared_with_the_single_device_cell_of_the_same_variant(tmp_path: Path) -> None:
+    config = BenchConfig(
+        strategies=["single", "ddp"],
+        archs=["resnet50"],
+        batch_sizes=[256],
+        devices=[2],
+        variants={"loader": [], "on_device": ["--data.on_device=true"]},
+    )
+    rows = bench.collect(expand(config), tmp_path)  # nothing ran: "not run" rows of the four cells
+    assert [r["variant"] for r in rows] == ["loader", "loader", "on_device", "on_device"]
+    for row, seconds in zip(rows, [4.0, 2.0, 2.0, 1.6], strict=True):
+        row.update(status="ok", epoch_seconds_mean=seconds)
+    assert bench.speedups(rows) == [1.0, 2.0, 1.0, 1.25]
+
+    bench.write_markdown(rows, tmp_path / "results.md", "python -m project bench", "a machine")
+    text = (tmp_path / "results.md").read_text()
+    assert "| precision | variant | total s |" in text and "| 32-true | on_device |" in text
+    assert "| 1.25x |" in text and "same arch, batch, precision, variant" in text
+    bench.write_csv(rows, tmp_path / "results.csv")
+    assert [r["variant"] for r in read_csv(tmp_path / "results.csv")] == ["loader", "loader", "on_device", "on_device"]
+    # without variants there is no such column
+    rows = bench.collect(expand(BenchConfig(strategies=["single"], archs=["resnet50"], batch_sizes=[256])), tmp_path)
+    assert "variant" not in rows[0]
+
+
+ENVIRONMENT = {
+    "device_name": "NVIDIA H100 80GB HBM3",
+    "device_count": 2,
+    "cpu_model": "AMD EPYC 9454",
+    "cpu_cores": 16,
+    "cuda": "12.8",
+    "cudnn": "9.1.0",
+    "nccl": "2.21.5",
+    "torch": "2.8.0",
+    "lightning": "2.6.0",
+    "torchvision": "0.23.0",
+    "python": "3.12.3",
+    "hostname": "node1",
+    "git_commit": "abc123",
+    "git_dirty": False,
+    "date": "2025-01-01T10:00:00+00:00",
+}
+
+
+def test_results_show_the_work_done_and_the_environment_once(tmp_path: Path) -> None:
+    common = {"arch": "resnet50", "batch_size": 256, "precision": "32-true", "status": "ok", "error": None}
+    rows = [
+        {
+            **common,
+            "cell": "s",
+            "bench_strategy": "single",
+            "devices": 1,
+            "epoch_seconds_mean": 2.0,
+            "model_flops_per_sample": {"train": 1.2e10, "inference": 4.1e9},
+            "train_tflops_per_second": 51.234,
+            "mfu": 0.2571,
+            "peak_tflops": 989.0,
+            "test_tflops_per_second": 0.00512,
+            "environment": ENVIRONMENT,
+        },
+        {
+            **common,
+            "cell": "d",
+            "bench_strategy": "ddp",
+            "devices": 2,
+            "epoch_seconds_mean": 1.0,
+            "train_tflops_per_second": None,
+            "mfu": None,
+            "environment": {**ENVIRONMENT, "torch": "2.9.0", "date": "2025-01-01T11:00:00+00:00"},
+        },
+        {**common, "cell": "old", "bench_strategy": "ddp", "devices": 2},  # a timing.json without the new keys
+    ]
+    bench.write_markdown(rows, tmp_path / "results.md", "python -m project bench", "a machine")
+    text = (tmp_path / "results.md").read_text()
+    assert "| TFLOP/s | MFU % | speed-up |" in text
+    assert "| 51.2 | 25.7 | 1.00x |" in text and "| – | – | 2.00x |" in text and "| – | – | – |" in text
+    assert "| 0.00512 | – |" in text  # inference: TFLOP/s in three significant digits
+    # the environment once, above the tables, and which cell differs in what (the date differs anyway)
+    assert text.count("NVIDIA H100 80GB HBM3") == 1 and text.index("## Environment") < text.index("## Training")
+    assert "| git_dirty | no |" in text and "| cuda | 12.8 |" in text
+    assert "they differ in torch." in text
+    assert "| `s` | 2.8.0 |" in text and "| `d` | 2.9.0 |" in text
+
+    bench.write_csv(rows, tmp_path / "results.csv")
+    written = read_csv(tmp_path / "results.csv")
+    assert written[0]["model_flops_per_sample_train"] == "12000000000.0" and written[0]["mfu"] == "0.2571"
+    assert (
+        written[0]["environment_device_name"] == "NVIDIA H100 80GB HBM3" and written[1]["environment_torch"] == "2.9.0"
+    )
+    assert written[2]["mfu"] == written[2]["environment_torch"] == ""
+
+    bench.write_chart(rows, tmp_path / "results.png", "work")
+    assert matplotlib.image.imread(tmp_path / "results.png").std() > 0
+
+
+def test_results_of_cells_that_record_no_environment_say_so(tmp_path: Path) -> None:
+    row = {"cell": "s", "bench_strategy": "single", "arch": "a", "batch_size": 8, "devices": 1, "precision": "32-true"}
+    rows = [
+        {**row, "status": "ok", "error": None},
+        {**row, "cell": "f", "status": "failed", "error": "boom", "environment": ENVIRONMENT},
+    ]
+    bench.write_markdown(rows, tmp_path / "results.md", "python -m project bench", "a machine")
+    text = (tmp_path / "results.md").read_text()
+    assert "## Environment\n\n– (the cells' timing.json files do not record it)" in text
+    assert "NVIDIA" not in text  # a failed cell's environment is not the one the figures come from
+
+
 def test_results_compare_each_cell_with_its_single_device_baseline(tmp_path: Path) -> None:
     common = {"arch": "resnet50", "batch_size": 256, "devices": 2, "precision": "32-true", "error": None}
     rows = [
@@ -138,6 +276,22 @@ def test_results_compare_each_cell_with_its_single_device_baseline(tmp_path: Pat
     text = (tmp_path / "results.md").read_text()
     assert "`python -m project bench --config x.yaml --out y`" in text
     assert "| 1.50x |" in text and "| rank0 900, rank1 800 |" in text and "ValueError: no \\| way" in text
+    assert "| variant |" not in text and "same arch, batch, precision)" in text
+
+
+def test_importing_bench_is_cheap() -> None:
+    """No torch, Lightning or matplotlib until a matrix runs (``python -m project bench --help``
+    should answer at once); the ``project`` package's own imports are left out of the check."""
+    code = (
+        "import sys, types; package = types.ModuleType('project'); package.__path__ = [sys.argv[1]]; "
+        "sys.modules['project'] = package; import project.bench; "
+        "print(sorted(m for m in ('torch', 'lightning', 'matplotlib') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "project")], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.slow
