@@ -83,8 +83,11 @@ def test_a_missing_matrix_file_is_one_line(tmp_path: Path, capsys) -> None:
 
 def test_the_presets_are_valid_matrices() -> None:
     seed = expand(bench.load_config(REPO / "configs" / "bench" / "seed.yaml"))
-    assert {c.strategy for c in seed} == {"single", "dp", "ddp", "fsdp"}
+    assert {c.strategy for c in seed} == {"single", "dp", "ddp", "fsdp", "deepspeed_stage_2"}
     assert {c.arch for c in seed} == {"mobilenet_v2", "resnet50"} and {c.batch_size for c in seed} == {256, 512}
+    gpu1 = expand(bench.load_config(REPO / "configs" / "bench" / "gpu1.yaml"))
+    assert {c.devices for c in gpu1} == {1} and {c.variant for c in gpu1} == {"loader", "on_device"}
+    assert {c.strategy for c in gpu1} == {"single", "ddp", "fsdp", "deepspeed_stage_2"}
     smoke = expand(bench.load_config(REPO / "configs" / "bench" / "cpu-smoke.yaml"))
     assert {(c.strategy, c.devices) for c in smoke} == {("single", 1), ("ddp", 2), ("fsdp", 2)}
 

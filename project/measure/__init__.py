@@ -1,5 +1,5 @@
 """The one measuring core of the template: device clocks and memory (:mod:`.devices`), statistics
 (:mod:`.stats`), tables (:mod:`.tables`), where a figure was taken (:mod:`.environment`) and how much
-work it stands for (:mod:`.flops`). The timing callback, ``python -m project bench`` and the
+work it stands for (:mod:`.flops`); per-step stamps for the benchmarks (:mod:`.stamps`). The timing callback, ``python -m project bench`` and the
 benchmarks under ``benchmarks/`` all measure through these modules, so they agree on what a number
 means. Importing this package is cheap: each module imports only what it needs."""
