@@ -1,5 +1,7 @@
 """The one measuring core of the template: device clocks and memory (:mod:`.devices`), statistics
-(:mod:`.stats`), tables (:mod:`.tables`), where a figure was taken (:mod:`.environment`) and how much
-work it stands for (:mod:`.flops`); per-step stamps for the benchmarks (:mod:`.stamps`). The timing callback, ``python -m project bench`` and the
-benchmarks under ``benchmarks/`` all measure through these modules, so they agree on what a number
-means. Importing this package is cheap: each module imports only what it needs."""
+(:mod:`.stats`), tables (:mod:`.tables`), each rank's records and their summary (:mod:`.recorders`,
+:mod:`.summary`), where a figure was taken (:mod:`.environment`), how much work it stands for
+(:mod:`.flops`) and per-step stamps for the benchmarks (:mod:`.stamps`). The timing callback,
+``python -m project bench`` and the benchmarks under ``benchmarks/`` all measure through these
+modules, so they agree on what a number means. Importing this package is cheap: each module imports
+only what it needs."""
