@@ -9,14 +9,13 @@ standard augmentation at any ``image_size`` (the material upscales 32 px to 112 
 
 Training is reproducible whatever the number of DataLoader workers, and can resume in the middle of
 an epoch: the order of an epoch and the augmentation of every image depend only on
-``(seed, epoch, image index)`` (see :class:`TrainingSampler` and :mod:`project.augment`).
+``(seed, epoch, image index)`` (see :class:`TrainingSampler` and :mod:`project.data.augmentation`).
 ``on_device=True`` keeps the whole data set on the accelerator and augments there, in batches.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import pickle
 import shutil
@@ -24,7 +23,6 @@ import tarfile
 import tempfile
 import urllib.request
 import warnings
-from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,9 +32,11 @@ import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
+from torch.utils.data import DataLoader, Dataset
 
-from project.augment import augment, draw_crops_and_flips, to_model_input
+from project.data.augmentation import augment, to_model_input
+from project.data.datasets import AugmentedImages, AugmentKeys, ImageArrayDataset, IndexBatches, Indices
+from project.data.samplers import EvenBatchSampler, TrainingSampler
 from project.errors import DataError
 from project.log import get_logger
 
@@ -165,233 +165,6 @@ def download_cifar10(data_dir: Path, url: str = CIFAR10_URL, md5: str = CIFAR10_
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-# --------------------------------------------------------------------------- datasets
-
-
-class ImageArrayDataset(Dataset):
-    """Images held in memory as uint8 ``(N, H, W, 3)`` with integer labels; each item is a
-    ``(C, H, W)`` tensor passed through ``transform``.
-
-    >>> ds = ImageArrayDataset(np.zeros((2, 32, 32, 3), np.uint8), np.array([3, 7]))
-    >>> image, label = ds[1]
-    >>> tuple(image.shape), label
-    ((3, 32, 32), 7)
-    """
-
-    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Callable | None = None) -> None:
-        self.images, self.labels, self.transform = images, labels, transform
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = torch.from_numpy(self.images[index]).permute(2, 0, 1)
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, int(self.labels[index])
-
-
-class EpochIndex(int):
-    """An image index that also carries the ``(seed, epoch)`` it is drawn for, so that the image's
-    augmentation can be looked up wherever the index goes -- in a DataLoader worker that was started
-    epochs ago, too. It is an ``int`` everywhere else (equal to, hashed and JSON-encoded as its
-    index).
-
-    >>> key = EpochIndex(7, seed=42, epoch=3)
-    >>> key == 7, key.epoch, key
-    (True, 3, EpochIndex(7, seed=42, epoch=3))
-    """
-
-    seed: int
-    epoch: int
-
-    def __new__(cls, index: int, seed: int, epoch: int) -> EpochIndex:
-        key = super().__new__(cls, index)
-        key.seed, key.epoch = seed, epoch
-        return key
-
-    def __reduce__(self) -> tuple[type, tuple[int, int, int]]:  # to and from the worker processes
-        return EpochIndex, (int(self), self.seed, self.epoch)
-
-    def __repr__(self) -> str:
-        return f"EpochIndex({int(self)}, seed={self.seed}, epoch={self.epoch})"
-
-
-class TrainingSampler(DistributedSampler):
-    """This process's share of the training images for one epoch, as :class:`EpochIndex` keys.
-
-    The order is DistributedSampler's: the images shuffled by ``seed + epoch``, dealt out to the
-    ``num_replicas`` processes in turn, the few that do not divide evenly left out this epoch
-    (``drop_last``). Lightning calls :meth:`set_epoch` before every epoch, so every process sees a
-    disjoint shard, reshuffled each epoch, and a resumed run sees the order of an unbroken one.
-
-    To resume in the middle of an epoch, :meth:`resume_at` leaves out the batches the interrupted
-    run had trained on. ``len()`` stays the length of the whole shard: Lightning counts those
-    batches as done already.
-
-    >>> sampler = TrainingSampler(range(6), batch_size=2, num_replicas=1, rank=0, seed=0)
-    >>> sampler.set_epoch(1)
-    >>> order = list(sampler)
-    >>> sampler.resume_at(epoch=1, batches_done=2)
-    >>> list(sampler) == order[4:], len(sampler), order[4]
-    (True, 6, EpochIndex(3, seed=0, epoch=1))
-    """
-
-    def __init__(self, dataset: Dataset, batch_size: int, num_replicas: int, rank: int, seed: int) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
-        self.batch_size = batch_size
-        self.batches_done = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Shuffle for ``epoch``. Moving to another epoch starts it from its first batch; setting the
-        epoch it is at already (as Lightning does after :meth:`resume_at`) keeps the batches done."""
-        if epoch != self.epoch:
-            self.batches_done = 0
-        super().set_epoch(epoch)
-
-    def resume_at(self, epoch: int, batches_done: int) -> None:
-        """Go to ``epoch`` and leave out the first ``batches_done`` batches of this process's shard
-        in every iteration until :meth:`set_epoch` moves to another epoch.
-
-        For a callback that resumes a run from a checkpoint taken in the middle of an epoch. The
-        sampler is ``trainer.train_dataloader.sampler``. In ``on_train_start`` (Lightning calls no
-        ``on_train_epoch_start`` for an epoch it resumes mid-way), call
-        ``resume_at(trainer.current_epoch, batches_done)`` with the batches of that epoch the
-        checkpoint has trained on, then ``iter()`` Lightning's data fetcher, whose iterator was made
-        before the checkpoint was loaded. The next image is then the one the interrupted run would
-        have trained on next, with the same augmentation, whatever ``num_workers``.
-        """
-        batches = len(self) // self.batch_size
-        if not 0 <= batches_done <= batches:
-            raise ValueError(f"cannot resume after {batches_done} batches: an epoch has {batches} on this process")
-        super().set_epoch(epoch)
-        self.batches_done = batches_done
-
-    def __iter__(self) -> Iterator[EpochIndex]:
-        order = list(super().__iter__())[self.batches_done * self.batch_size :]
-        return (EpochIndex(index, self.seed, self.epoch) for index in order)
-
-
-def crop_and_flip_of(key: EpochIndex, count: int) -> np.ndarray:
-    """``(dy, dx, flip)`` of training image ``key`` of ``count`` in the key's epoch and run."""
-    if not isinstance(key, EpochIndex):
-        raise TypeError(f"training images are drawn by EpochIndex (from a TrainingSampler), not {key!r}")
-    return draw_crops_and_flips(key.seed, key.epoch, count)[key]
-
-
-class AugmentedImages(ImageArrayDataset):
-    """The training images, each item ``key`` (an :class:`EpochIndex`) augmented with the crop and
-    flip that :func:`project.augment.draw_crops_and_flips` gives image ``key`` in epoch
-    ``key.epoch`` of a run seeded ``key.seed``: the same tensor whichever worker loads it, in
-    whatever order, and the same as ``--data.on_device=true`` makes of it.
-
-    >>> ds = AugmentedImages(np.zeros((3, 32, 32, 3), np.uint8), np.array([3, 7, 1]), image_size=48)
-    >>> image, label = ds[EpochIndex(1, seed=0, epoch=0)]
-    >>> tuple(image.shape), label
-    ((3, 48, 48), 7)
-    """
-
-    def __init__(self, images: np.ndarray, labels: np.ndarray, image_size: int) -> None:
-        super().__init__(images, labels)
-        self.image_size = image_size
-
-    def __getitem__(self, key: EpochIndex) -> tuple[torch.Tensor, int]:
-        params = torch.tensor(crop_and_flip_of(key, len(self)))[None]
-        image = torch.from_numpy(self.images[key : key + 1]).permute(0, 3, 1, 2)
-        return augment(image, params, self.image_size)[0], int(self.labels[key])
-
-
-class Indices(Dataset):
-    """For ``--data.on_device=true``: item ``i`` is just ``i``; the images wait on the accelerator
-    and :meth:`CIFAR10DataModule.on_after_batch_transfer` looks them up there.
-
-    >>> default_collate([Indices(5)[i] for i in (4, 1)]).tolist()
-    [4, 1]
-    """
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, index: int) -> int:
-        return int(index)
-
-
-class AugmentKeys(Indices):
-    """For ``--data.on_device=true`` training: item ``key`` (an :class:`EpochIndex`) is
-    ``[index, dy, dx, flip]``, the image and the augmentation :class:`AugmentedImages` would give
-    it, drawn here on the CPU so the accelerator never waits on a look-up.
-
-    >>> AugmentKeys(5)[EpochIndex(2, seed=0, epoch=0)].tolist() == [2, *draw_crops_and_flips(0, 0, 5)[2]]
-    True
-    """
-
-    def __getitem__(self, key: EpochIndex) -> torch.Tensor:
-        return torch.tensor([int(key), *crop_and_flip_of(key, self.count).tolist()])
-
-
-class IndexBatches(Dataset):
-    """``dataset`` read a whole batch at a time: item ``[i, j, ...]`` is the collated batch of those
-    images, for a DataLoader whose sampler yields lists of indices (``batch_size=None``).
-
-    >>> images, labels = IndexBatches(ImageArrayDataset(np.zeros((3, 32, 32, 3), np.uint8), np.arange(3)))[[0, 2]]
-    >>> tuple(images.shape), labels.tolist()
-    ((2, 3, 32, 32), [0, 2])
-    """
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, indices: list[int]) -> Any:
-        return default_collate([self.dataset[i] for i in indices])
-
-
-class EvenBatchSampler(DistributedSampler):
-    """The evaluation batches of one of ``num_replicas`` processes, each a list of indices.
-
-    Every image is seen exactly once across the processes (process r takes images r, r + N, r + 2N,
-    ...), so metrics reduced across them equal a single-process evaluation. And every process gets
-    the SAME number of batches: under fsdp each forward pass is collective (the processes gather
-    each block's parameters together), so a process with one batch fewer would leave the others
-    waiting forever. Batches hold at most ``batch_size`` images; a process with fewer images than
-    another makes its last batches smaller. It is a DistributedSampler so that Lightning sees the
-    data split already and puts in no sampler of its own.
-
-    >>> [list(EvenBatchSampler(range(5), batch_size=2, num_replicas=2, rank=rank)) for rank in (0, 1)]
-    [[[0, 2], [4]], [[1], [3]]]
-    >>> [[len(batch) for batch in EvenBatchSampler(range(41), 10, num_replicas=2, rank=rank)] for rank in (0, 1)]
-    [[10, 10, 1], [10, 9, 1]]
-    """
-
-    def __init__(self, dataset: Dataset, batch_size: int, num_replicas: int, rank: int) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
-        own = list(range(rank, len(dataset), num_replicas))
-        count = math.ceil(math.ceil(len(dataset) / num_replicas) / batch_size)  # the largest share's batches
-        if len(own) < count:
-            raise DataError(
-                f"{len(dataset)} evaluation images cannot give each of the {num_replicas} processes the same number "
-                f"of batches of at most {batch_size} (needed so no process waits for another); use a per-process "
-                "batch of 2 or more (data.batch_size >= 2 x processes) and at least one image per process"
-            )
-        self.batches: list[list[int]] = []
-        start = 0
-        for batches_left in range(count, 0, -1):
-            size = min(batch_size, len(own) - start - (batches_left - 1))  # leave an image for each batch to come
-            self.batches.append(own[start : start + size])
-            start += size
-
-    def __iter__(self) -> Any:
-        return iter(self.batches)
-
-    def __len__(self) -> int:
-        return len(self.batches)
 
 
 # --------------------------------------------------------------------------- the data module
