@@ -5,6 +5,8 @@
 - :mod:`project.data.samplers`: the resumable training sampler and the evaluation batch sampler
   that gives every process as many batches;
 - :mod:`project.data.datasets`: the Datasets over uint8 image arrays that the loaders read;
+- :mod:`project.data.datamodule`: :class:`ImageArrayDataModule`, the data module that serves any
+  such arrays (both pipelines, the global batch split across processes); a data set subclasses it;
 - :mod:`project.data.cifar10`: CIFAR-10's files, their download, and :class:`CIFAR10DataModule`.
 
 Every public name is re-exported here: ``from project.data import CIFAR10DataModule``.
@@ -35,6 +37,7 @@ from project.data.cifar10 import (
     read_label_names,
     read_split,
 )
+from project.data.datamodule import ImageArrayDataModule
 from project.data.datasets import (
     AugmentedImages,
     AugmentKeys,
@@ -62,6 +65,7 @@ __all__ = [
     "CIFAR10DataModule",
     "EpochIndex",
     "EvenBatchSampler",
+    "ImageArrayDataModule",
     "ImageArrayDataset",
     "IndexBatches",
     "Indices",
