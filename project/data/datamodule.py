@@ -186,7 +186,26 @@ class ImageArrayDataModule(LightningDataModule):
             rng = np.random.default_rng([self.hparams.split_seed, int(train)])
             images = rng.integers(0, 256, (count, *self.image_shape), dtype=np.uint8)
             return images, rng.integers(0, self.num_classes, count)
-        return self.load_split(train)
+        return self._checked(*self.load_split(train), where=f"{type(self).__name__}.load_split(train={train})")
+
+    def _checked(self, images: Any, labels: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
+        """The arrays a data set gave, refused here, naming it, unless the pipelines can take them: the
+        loaders index uint8 ``(N, *image_shape)`` images, and the model trusts the labels (its metrics
+        do not check them every batch, which would wait on the device)."""
+        if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.shape[1:] == self.image_shape):
+            shape = ", ".join(map(str, self.image_shape))
+            found = f"{getattr(images, 'dtype', type(images).__name__)} of shape {getattr(images, 'shape', None)}"
+            raise DataError(f"{where}: images must be uint8 of shape (N, {shape}); found {found}")
+        labels = np.asarray(labels)
+        if labels.shape != (len(images),) or labels.dtype.kind not in "iu":
+            raise DataError(
+                f"{where}: {len(images)} images need as many integer labels; found {labels.dtype} {labels.shape}"
+            )
+        if len(labels) and (labels.min() < 0 or labels.max() >= self.num_classes):
+            raise DataError(
+                f"{where}: labels must lie in 0..{self.num_classes - 1}; found {labels.min()}..{labels.max()}"
+            )
+        return images, labels.astype(np.int64, copy=False)
 
     # -- loaders -----------------------------------------------------------------------------
 
