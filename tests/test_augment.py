@@ -11,7 +11,14 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from project.augment import CIFAR10_MEAN, CIFAR10_STD, augment, crop_and_flip, draw_crops_and_flips, to_model_input
+from project.data.augmentation import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    augment,
+    crop_and_flip,
+    draw_crops_and_flips,
+    to_model_input,
+)
 
 EVERY_CROP_AND_FLIP = torch.tensor(list(itertools.product(range(9), range(9), range(2))))  # 81 offsets x 2 flips
 

@@ -21,7 +21,6 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.precision import Precision
 from torch.utils.data import DataLoader
 
-from project import data as data_module
 from project.cli import main
 from project.data import (
     BASE_FOLDER,
@@ -32,6 +31,7 @@ from project.data import (
     read_batch,
     read_label_names,
 )
+from project.data import cifar10 as data_module
 from project.errors import DataError
 from tests.conftest import LABEL_NAMES, TEST_IMAGES, TRAIN_PER_FILE
 from tests.test_strategies import recorded, recorder_args

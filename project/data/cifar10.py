@@ -1,0 +1,223 @@
+"""CIFAR-10: its official files, read without arbitrary unpickling, their download, and
+:class:`CIFAR10DataModule`, the generic :class:`~project.data.datamodule.ImageArrayDataModule` on them.
+
+The data set is read from the official python-format files (``cifar-10-batches-py/``), downloaded
+once per node if missing, checked for structure (not re-hashed) on every start, and served with the
+standard augmentation at any ``image_size`` (the material upscales 32 px to 112 px).
+``synthetic=True`` swaps in random CIFAR-shaped data that needs no disk and no network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import shutil
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from project.data.datamodule import ImageArrayDataModule
+from project.errors import DataError
+from project.log import get_logger
+
+log = get_logger(__name__)
+
+# The official archive and its layout (the same constants torchvision's CIFAR10 uses).
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
+BASE_FOLDER = "cifar-10-batches-py"
+TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+TEST_FILE = "test_batch"
+META_FILE = "batches.meta"
+NUM_CLASSES = 10
+IMAGE_SHAPE = (32, 32, 3)  # height, width, channels: the on-disk layout after reshaping
+
+
+# --------------------------------------------------------------------------- reading the files
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """The official files are pickles; refuse anything but the numpy arrays they contain, so a
+    tampered file cannot run code."""
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store raw bytes
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"unexpected object {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _unpickle(path: Path) -> dict[str, Any]:
+    """Load one official pickle, with its byte-string keys turned into str."""
+    try:
+        with open(path, "rb") as f:
+            entry = _NumpyOnlyUnpickler(f, encoding="bytes").load()
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except Exception as err:  # truncated, garbled or not a pickle at all
+        raise DataError(
+            f"{path}: not a readable CIFAR-10 file ({type(err).__name__}: {err}); delete the folder and download again"
+        ) from None
+    if not isinstance(entry, dict):
+        raise DataError(f"{path}: expected a dict, found {type(entry).__name__}")
+    return {k.decode() if isinstance(k, bytes) else k: v for k, v in entry.items()}
+
+
+def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Read one official batch file and check its structure.
+
+    Returns images as uint8 ``(N, 32, 32, 3)`` and labels as int64 ``(N,)``.
+    """
+    entry = _unpickle(path)
+    missing = {"data", "labels"} - entry.keys()
+    if missing:
+        raise DataError(f"{path}: missing key(s) {sorted(missing)}; found {sorted(entry)}")
+    data, labels = entry["data"], np.asarray(entry["labels"])
+    pixels = int(np.prod(IMAGE_SHAPE))
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != pixels:
+        shape = getattr(data, "shape", None)
+        raise DataError(f"{path}: 'data' must be a uint8 array of shape (N, {pixels}); found {shape}")
+    if labels.shape != (len(data),):
+        raise DataError(f"{path}: {len(data)} images but labels of shape {labels.shape}")
+    if len(labels) and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
+        raise DataError(f"{path}: labels must lie in 0..{NUM_CLASSES - 1}; found {labels.min()}..{labels.max()}")
+    # Stored channel-first per image (R plane, G plane, B plane); keep HWC so one image is one slice.
+    images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    return np.ascontiguousarray(images), labels.astype(np.int64)
+
+
+def read_label_names(path: Path) -> list[str]:
+    """Class names from ``batches.meta``."""
+    names = _unpickle(path).get("label_names")
+    if not isinstance(names, list) or len(names) != NUM_CLASSES:
+        raise DataError(f"{path}: 'label_names' must list {NUM_CLASSES} names")
+    return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+
+
+def read_split(root: Path, train: bool) -> tuple[np.ndarray, np.ndarray]:
+    """All images and labels of the training files (``train=True``) or of the test file."""
+    parts = [read_batch(root / name) for name in (TRAIN_FILES if train else (TEST_FILE,))]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def missing_files(root: Path) -> list[str]:
+    """Which of the official files are absent from ``root`` (cheap: no reading, no hashing)."""
+    return [name for name in (*TRAIN_FILES, TEST_FILE, META_FILE) if not (root / name).is_file()]
+
+
+# --------------------------------------------------------------------------- downloading
+
+
+def download_cifar10(data_dir: Path, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5, timeout: float = 60.0) -> None:
+    """Download, verify and unpack the official archive into ``data_dir / BASE_FOLDER``.
+
+    Everything is written under a private temporary name and moved into place with one rename, so
+    an interrupted download never leaves a partial data set, and two processes (two nodes on a
+    shared disk, two runs at once) never write the same files. Raises ``OSError`` or ``ValueError``
+    on failure; the caller turns that into a message for the user.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".cifar10-download-", dir=data_dir))
+    try:
+        archive = staging / "archive.tar.gz"
+        digest = hashlib.md5()
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(archive, "wb") as out:
+            while chunk := response.read(1 << 20):
+                digest.update(chunk)
+                out.write(chunk)
+        if digest.hexdigest() != md5:
+            raise ValueError(f"checksum mismatch: got md5 {digest.hexdigest()}, expected {md5}")
+        with tarfile.open(archive) as tar:
+            tar.extractall(staging, filter="data")
+        target = data_dir / BASE_FOLDER
+        try:
+            if missing_files(target):  # else another process finished first; its copy is as good as ours
+                os.replace(staging / BASE_FOLDER, target)
+        except OSError:
+            if missing_files(target):  # it finished while we renamed: fine; anything else is a failure
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- the data module
+
+
+class CIFAR10DataModule(ImageArrayDataModule):
+    """CIFAR-10 (or a synthetic stand-in of the same shape) for image classification.
+
+    Args:
+        data_dir: Folder that holds (or will hold) ``cifar-10-batches-py/``.
+        download: Download the official archive if the files are missing.
+        image_size: Side of the square images fed to the model; 32 is CIFAR's native size, 112
+            the material's upscaled one.
+        batch_size: GLOBAL batch size: each of the run's N processes loads ``batch_size / N``.
+        num_workers: DataLoader worker processes per training process; ``None`` picks
+            ``min(4, CPUs per process)``. Any number gives the same images: each image's
+            augmentation depends only on (seed, epoch, image index).
+        val_size: Training images held out (a seeded random choice) for validation.
+        synthetic: Use random images and labels instead of files: no disk, no network.
+        synthetic_size: Training-set size of the synthetic data (its test set is a fifth of it).
+        split_seed: Seed of the validation split and of the synthetic data; kept apart from the
+            training seed so the split stays put when the training seed changes.
+        on_device: Keep all images (uint8, about 180 MB for CIFAR-10) on the accelerator and crop,
+            flip, resize and normalise whole batches there, with no DataLoader workers; the loaders
+            then carry only image indices. The same images as the default (``false``), made where
+            the CPU cannot hold back a fast accelerator.
+    """
+
+    num_classes = NUM_CLASSES
+    image_shape = IMAGE_SHAPE
+
+    @property
+    def root(self) -> Path:
+        """Where the official files are: ``data_dir / cifar-10-batches-py``."""
+        return self.data_dir / BASE_FOLDER
+
+    def prepare_files(self) -> None:
+        """Download the official archive if any file is missing and ``download`` allows; else say
+        where it looked and the ways out."""
+        missing = missing_files(self.root)
+        if not missing:
+            return
+        if self.data_dir.exists() and not self.data_dir.is_dir():
+            raise DataError(f"data.data_dir={self.data_dir} is a file; it must be a folder (or not exist yet)")
+        if self.root.exists():
+            raise DataError(
+                f"{self.root} is incomplete (missing {', '.join(missing)}); delete that folder to download "
+                "again, or point --data.data_dir at a complete copy"
+            )
+        ways_out = "point --data.data_dir at an existing copy, or run offline with --data.synthetic=true"
+        if not self.hparams.download:
+            raise DataError(f"CIFAR-10 not found in {self.root} and --data.download=false: {ways_out}")
+        log.info("Downloading CIFAR-10 from %s into %s", CIFAR10_URL, self.data_dir)
+        created = not self.data_dir.exists()
+        try:
+            download_cifar10(self.data_dir, url=CIFAR10_URL, md5=CIFAR10_MD5)
+        except (OSError, ValueError, tarfile.TarError) as err:
+            if created:
+                shutil.rmtree(self.data_dir, ignore_errors=True)  # leave no empty folder behind
+            reason = getattr(err, "reason", None) or err
+            raise DataError(
+                f"CIFAR-10 not found in {self.root} and the download from {CIFAR10_URL} failed ({reason}): {ways_out}"
+            ) from None
+
+    def load_split(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The five training files, or the test file; the class names from ``batches.meta``."""
+        missing = missing_files(self.root)
+        if missing:  # prepare_data ran on another node, or was skipped
+            raise DataError(f"{self.root} is missing {', '.join(missing)}; run with --data.download=true")
+        self.label_names = read_label_names(self.root / META_FILE)
+        return read_split(self.root, train=train)
