@@ -1,14 +1,17 @@
-"""The command line: ``python -m project {fit,validate,test,predict}``, a LightningCLI.
+"""The command line: ``python -m project {fit,validate,test,predict,bench}``, a LightningCLI.
 
 Beyond LightningCLI it does these things:
+- the template's strategies are registered when it starts (:mod:`project.strategies`);
 - ``num_classes`` is linked from the data module to the model, so it is never typed twice;
-- a ModelCheckpoint is always there (``--checkpoint.*``), keeping ``last.ckpt`` and the best
-  ``val/acc`` of each run;
+- the default callbacks (:data:`DEFAULT_CALLBACKS`, listed in ``configs/default.yaml``) are on, each
+  with its options (``--checkpoint.*``, ``--timing.*``, ...) and a switch (``--callbacks.timing=false``);
+  the ModelCheckpoint keeps ``last.ckpt`` and the best ``val/acc`` of each run;
 - ``--ckpt_path=last`` / ``best`` also work in a NEW process (the usual case: ``fit``, then
   ``test --ckpt_path=best`` as a second command), by looking in the newest run folder under
   ``<trainer.default_root_dir>/lightning_logs``;
-- a :class:`project.callbacks.timing.TimingCallback` is always there (``--timing.*``): every run reports its
-  epoch, iteration and inference times and peak memory (``timing.json`` in the run folder);
+- :class:`project.callbacks.timing.TimingCallback` reports every run's epoch, iteration and inference
+  times, work (FLOPs, MFU) and peak memory (``timing.json`` in the run folder);
+- ``bench`` runs a matrix of fit + test commands and compares them (:mod:`project.bench`);
 - ``--trainer.benchmark`` (cuDNN autotuning) is on unless ``--trainer.deterministic`` is set;
 - checkpoints are written atomically, checked before use, and saved when SIGTERM or Ctrl-C stops
   the run (exit status 128 + signal); training stops at the first non-finite loss

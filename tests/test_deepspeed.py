@@ -270,3 +270,19 @@ def test_resolving_for_a_run(tmp_path: Path, converter: list) -> None:
     assert resolve_deepspeed_checkpoint(folder, "ddp", "predict") == str(consolidated_path(folder))
     plain = tmp_path / "plain.ckpt"
     assert resolve_deepspeed_checkpoint(plain, "auto", "fit") == str(plain)
+
+
+@pytest.mark.parametrize("strategy", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_the_command_line_refuses_deepspeed_on_a_cpu_in_one_line(
+    tiny_args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture, strategy: str
+) -> None:
+    from project.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *tiny_args, f"--trainer.strategy={strategy}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len([line for line in err if line.startswith("error:")]) == 1
+    line = next(line for line in err if line.startswith("error:"))
+    assert strategy in line and "ddp" in line and "fsdp" in line and "Traceback" not in "\n".join(err)
+    assert not list(tmp_path.rglob("*.ckpt"))
