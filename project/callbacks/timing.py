@@ -260,14 +260,25 @@ class TimingCallback(Callback):
         print(format_table(report, title), flush=True)
 
 
+# FLOP counts by network structure and input: a process that runs fit, then test (or a test suite that runs
+# many short fits) counts each network once.
+_FLOPS_OF: dict[tuple, dict[str, float]] = {}
+
+
 def _count_flops(trainer: Trainer, pl_module: LightningModule) -> dict[str, float] | None:
     """FLOPs per training and inference sample of ``pl_module.net`` at the data module's image size;
-    None where either is unknown (a module without ``net``, data without ``image_size``)."""
+    None where either is unknown (a module without ``net``, data without ``image_size``). Rank 0
+    only: it alone reports them."""
     net = getattr(pl_module, "net", None)
     image_size = getattr(trainer.datamodule, "hparams", {}).get("image_size") if trainer.datamodule else None
-    if not isinstance(net, nn.Module) or not image_size:
+    if not trainer.is_global_zero or not isinstance(net, nn.Module) or not image_size:
         return None
-    return flops.model_flops_per_sample(net, image_size, channels_last=bool(pl_module.hparams.get("channels_last")))
+    channels_last = bool(pl_module.hparams.get("channels_last"))
+    shapes = tuple((name, tuple(p.shape)) for name, p in net.named_parameters())
+    key = (type(net).__qualname__, shapes, image_size, channels_last)
+    if key not in _FLOPS_OF:
+        _FLOPS_OF[key] = flops.model_flops_per_sample(net, image_size, channels_last=channels_last)
+    return _FLOPS_OF[key]
 
 
 def _device_peak_tflops(device: torch.device, precision: str) -> float | None:
