@@ -30,10 +30,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -45,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from project.bench.matrix import project_command, run_in_own_session
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -269,29 +269,13 @@ def common_args(root: Path, batches: int = CHECK_BATCHES, batch_size: int = CHEC
     ]
 
 
-def project_command(subcommand: str, args: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "project", subcommand, *args]
-
-
 def run_logged(command: list[str], log: Path, timeout_s: float) -> tuple[int | None, str, float]:
-    """Run ``command`` from the repository root with its output (stdout and stderr) in ``log``; its exit
-    status (None: timed out, killed), its output and its wall time."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    """Run ``command`` from the repository root (so ``python -m project`` is this checkout's) with its
+    output (stdout and stderr) in ``log``; its exit status (None: timed out, killed), its output and
+    its wall time."""
     start = time.perf_counter()
     with open(log, "w") as out:
-        # A session of its own, so a timeout ends the command AND any rank it started.
-        process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True
-        )
-        try:
-            code: int | None = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            code = None
-        except BaseException:  # Ctrl-C: leave nothing running
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
+        code = run_in_own_session(command, out, subprocess.STDOUT, timeout_s, cwd=REPO)
     return code, log.read_text(errors="replace"), time.perf_counter() - start
 
 
@@ -410,10 +394,6 @@ def timing_cost(root: Path, timeout_s: float, batches: int, epochs: int) -> dict
 # --------------------------------------------------------------------------- the report
 
 
-def _num(value: Any, digits: int = 1, scale: float = 1.0) -> str:
-    return "–" if value is None else f"{value * scale:.{digits}f}"
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -423,7 +403,10 @@ def write_report(
 ) -> tuple[Path, Path]:
     """``gpu-check.md`` and ``gpu-check.json`` in ``out``: the environment, one row per path (pass, fail or
     skip, with its figures), the timing cost, and the last lines of each failing command."""
-    from project.measure.tables import markdown_table  # imports the project (and Lightning): only when reporting
+    from project.measure.tables import (  # imports the project (and Lightning): only when reporting
+        markdown_table,
+        number,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     counts = {s: sum(r["status"] == s for r in results) for s in ("pass", "fail", "skip")}
@@ -436,11 +419,11 @@ def write_report(
                 f"`{r['name']}`",
                 _cell(r["what"]),
                 outcome + (f": {_cell(r['reason'])}" if r.get("reason") else ""),
-                _num(r.get("seconds"), 0),
-                _num(f.get("epoch_seconds_mean"), 2),
-                _num(f.get("train_samples_per_second") or f.get("test_samples_per_second"), 0),
-                _num(f.get("mfu"), 1, 100),
-                _num(f.get("peak_memory_mb"), 0),
+                number(r.get("seconds"), 0, missing="–"),
+                number(f.get("epoch_seconds_mean"), 2, missing="–"),
+                number(f.get("train_samples_per_second") or f.get("test_samples_per_second"), 0, missing="–"),
+                number(f.get("mfu"), 1, missing="–", scale=100),
+                number(f.get("peak_memory_mb"), 0, missing="–"),
             ]
         )
     text = [
@@ -478,12 +461,12 @@ def write_report(
                 [
                     [
                         v["variant"],
-                        _num(v["wall_1_epoch_s"], 1),
-                        _num(v[f"wall_{epochs}_epochs_s"], 1),
-                        _num(v["images_per_second"], 0),
+                        number(v["wall_1_epoch_s"], 1, missing="–"),
+                        number(v[f"wall_{epochs}_epochs_s"], 1, missing="–"),
+                        number(v["images_per_second"], 0, missing="–"),
                         "–" if v["vs_off"] is None else f"{v['vs_off']:.3f}",
-                        _num(v["timing_json_samples_per_second"], 0),
-                        _num(v["mfu"], 1, 100),
+                        number(v["timing_json_samples_per_second"], 0, missing="–"),
+                        number(v["mfu"], 1, missing="–", scale=100),
                     ]
                     for v in f["variants"]
                 ],

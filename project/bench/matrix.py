@@ -11,8 +11,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from project.bench.config import SINGLE, BenchConfig, Cell
 
@@ -49,25 +50,36 @@ def run_folder(runs: Path, cell: Cell) -> Path:
     return runs / cell.name / "lightning_logs" / "version_0"
 
 
-def _project_command(subcommand: str, args: list[str]) -> list[str]:
+def project_command(subcommand: str, args: Sequence[str]) -> list[str]:
+    """``python -m project <subcommand> <args>`` with this interpreter."""
     return [sys.executable, "-m", "project", subcommand, *args]
+
+
+def run_in_own_session(
+    command: list[str], stdout: IO, stderr: IO | int, timeout_s: float, cwd: Path | None = None
+) -> int | None:
+    """Run ``command`` to its end and return its exit status, or None if it ran past ``timeout_s``.
+    It runs in a process session of its own, so a timeout (or Ctrl-C here) ends the launcher AND
+    every rank it started."""
+    process = subprocess.Popen(command, stdout=stdout, stderr=stderr, cwd=cwd, start_new_session=True)
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return None
+    except BaseException:  # Ctrl-C: leave no ranks behind
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
 
 
 def _run_logged(command: list[str], log_stem: Path, timeout_s: float) -> str | None:
     """Run ``command`` with its output in ``<log_stem>.out`` / ``.err``; None on success, else
     the error: the last line it printed to stderr (a traceback ends with the exception)."""
     with open(f"{log_stem}.out", "w") as out, open(f"{log_stem}.err", "w") as err:
-        # A session of its own, so a timeout ends the launcher AND the ranks it started.
-        process = subprocess.Popen(command, stdout=out, stderr=err, start_new_session=True)
-        try:
-            code = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            return f"timed out after {timeout_s / 60:g} min"
-        except BaseException:  # Ctrl-C: leave no ranks behind
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
+        code = run_in_own_session(command, out, err, timeout_s)
+    if code is None:
+        return f"timed out after {timeout_s / 60:g} min"
     if code == 0:
         return None
     lines = [line.strip() for line in Path(f"{log_stem}.err").read_text(errors="replace").splitlines()]
@@ -89,7 +101,7 @@ def run_cell(config: BenchConfig, cell: Cell, runs: Path) -> dict[str, Any]:
     shutil.rmtree(cell_dir, ignore_errors=True)  # an interrupted earlier attempt leaves nothing behind
     cell_dir.mkdir(parents=True)
     args = cell_args(config, cell, runs)
-    fit, test = _project_command("fit", args), _project_command("test", [*args, "--ckpt_path=last"])
+    fit, test = project_command("fit", args), project_command("test", [*args, "--ckpt_path=last"])
     start = time.perf_counter()
     timeout_s = config.timeout_minutes * 60
     error = _run_logged(fit, cell_dir / "fit", timeout_s)

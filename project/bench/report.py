@@ -84,8 +84,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _num(value: Any, digits: int = 3, scale: float = 1.0) -> str:
-    """``value * scale``; "–" where it is missing (None, NaN, or not a number at all)."""
-    return number(value * scale if _is_number(value) else None, digits, missing=MISSING)
+    return number(value, digits, missing=MISSING, scale=scale)
 
 
 def _pm(mean: Any, std: Any, digits: int = 3) -> str:

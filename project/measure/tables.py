@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 
-def number(value: float | None, digits: int = 3, unit: str = "", missing: str = "n/a") -> str:
-    """``value`` with ``digits`` decimals and ``unit``; ``missing`` for None or NaN.
+def number(value: Any, digits: int = 3, unit: str = "", missing: str = "n/a", scale: float = 1.0) -> str:
+    """``value * scale`` with ``digits`` decimals and ``unit``; ``missing`` for None, NaN or anything
+    that is not a number (a key an older ``timing.json`` lacks).
 
-    >>> number(1.23456, 2, " s"), number(None), number(float("nan"), missing="–")
-    ('1.23 s', 'n/a', '–')
+    >>> number(1.23456, 2, " s"), number(None), number(float("nan"), missing="–"), number(0.257, 1, scale=100)
+    ('1.23 s', 'n/a', '–', '25.7')
     """
-    return missing if value is None or math.isnan(value) else f"{value:.{digits}f}{unit}"
+    if not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
+        return missing
+    return f"{value * scale:.{digits}f}{unit}"
 
 
 def mean_std(mean: float | None, std: float | None, digits: int = 3, unit: str = "", missing: str = "n/a") -> str:

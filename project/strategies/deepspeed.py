@@ -186,22 +186,23 @@ def consolidate_deepspeed_checkpoint(folder: str | Path, output_file: str | Path
     callbacks, hyperparameters), without optimizer state. It loads on a single device, without DeepSpeed.
 
     Uses Lightning's ``convert_zero_checkpoint_to_fp32_state_dict`` (which needs the deepspeed package to
-    read the shards), then drops DeepSpeed's engine keys (:data:`DEEPSPEED_ENGINE_KEYS`). Written under a
-    temporary name and renamed: several processes may consolidate the same folder at once, and a reader
-    never sees half a file.
+    read the shards), then drops DeepSpeed's engine keys (:data:`DEEPSPEED_ENGINE_KEYS`). Written as every
+    checkpoint is (:class:`project.callbacks.checkpoints.AtomicCheckpointIO`): several processes may
+    consolidate the same folder at once, and a reader never sees half a file.
     """
     from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
+    from project.callbacks.checkpoints import AtomicCheckpointIO  # it imports this module
+
     output = Path(output_file)
-    partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
+    converted = output.with_name(f".{output.name}.converted-{os.getpid()}")  # the converter writes a file
     try:
-        checkpoint = convert_zero_checkpoint_to_fp32_state_dict(folder, partial)
+        checkpoint = convert_zero_checkpoint_to_fp32_state_dict(folder, converted)
         for key in DEEPSPEED_ENGINE_KEYS:
             checkpoint.pop(key, None)
-        torch.save(checkpoint, partial)
-        os.replace(partial, output)
+        AtomicCheckpointIO().save_checkpoint(checkpoint, output)
     finally:
-        partial.unlink(missing_ok=True)
+        converted.unlink(missing_ok=True)
     return output
 
 
