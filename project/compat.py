@@ -23,8 +23,13 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 StrategyRegistryType = _StrategyRegistry
 AcceleratorRegistryType = _AcceleratorRegistry
 
-XLA_AVAILABLE: bool = bool(_XLA_AVAILABLE)
-"""Whether torch_xla can be imported (Lightning's own check, which also handles its version quirks)."""
+
+def xla_available() -> bool:
+    """Whether torch_xla can be imported (Lightning's own check). A function, not a constant: the check
+    imports torch_xla where it is installed, which must wait until ``xla_cpu`` has set ``PJRT_DEVICE``
+    and must not slow down the start of every other run."""
+    return bool(_XLA_AVAILABLE)
+
 
 # LightningCLI methods the template's CLI overrides (project/cli.py): no public hook runs a
 # subcommand inside a try block, or adds a subcommand that is not a Trainer method (bench).

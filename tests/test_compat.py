@@ -35,7 +35,7 @@ def test_every_private_name_exists_in_the_installed_lightning() -> None:
     assert compat.is_subprocess_script_launcher(ddp.strategy.launcher)
     assert hasattr(ddp.strategy.launcher, "procs")
     assert not compat.is_subprocess_script_launcher(trainer.strategy.launcher)
-    assert isinstance(compat.XLA_AVAILABLE, bool)
+    assert isinstance(compat.xla_available(), bool)
 
 
 def test_the_cli_methods_the_template_overrides_exist_with_their_signatures() -> None:

@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch.accelerators import XLAAccelerator
 from lightning.pytorch.strategies import SingleDeviceXLAStrategy
 
-from project.compat import XLA_AVAILABLE, AcceleratorRegistryType, StrategyRegistryType
+from project.compat import AcceleratorRegistryType, StrategyRegistryType, xla_available
 from project.errors import ProjectError
 
 
@@ -33,7 +33,7 @@ class XLACPUAccelerator(XLAAccelerator):
                 f"--trainer.accelerator=xla_cpu runs on torch_xla's CPU device, but PJRT_DEVICE={runtime}; "
                 "unset PJRT_DEVICE, or use --trainer.accelerator=tpu on a TPU"
             )
-        if not XLA_AVAILABLE:
+        if not xla_available():
             raise ProjectError(
                 "--trainer.accelerator=xla_cpu needs torch_xla, which pins its own torch: install the project into "
                 "a separate environment with `pip install -e '.[xla]'` (`make test-xla` builds one in .venv-xla)"
@@ -42,7 +42,7 @@ class XLACPUAccelerator(XLAAccelerator):
 
     @staticmethod
     def is_available() -> bool:
-        return XLA_AVAILABLE
+        return xla_available()
 
     @staticmethod
     def auto_device_count() -> int:
