@@ -1,6 +1,6 @@
-"""``python -m project fit|validate|test|predict|bench ...``: the command line, :func:`project.cli.main`."""
+"""``python -m project fit|validate|test|predict|bench ...``: :func:`project.entry.main`."""
 
-from project.cli import main
+from project.entry import main
 
 if __name__ == "__main__":
     main()

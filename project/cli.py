@@ -1,4 +1,5 @@
-"""The command line: ``python -m project {fit,validate,test,predict,bench}``, a LightningCLI.
+"""The trainer commands: ``python -m project {fit,validate,test,predict}``, a LightningCLI
+(:mod:`project.entry` sends ``bench`` and the top-level help elsewhere, without importing Lightning).
 
 Beyond LightningCLI it does these things:
 - the template's strategies are registered when it starts (:mod:`project.strategies`);
@@ -11,7 +12,6 @@ Beyond LightningCLI it does these things:
   ``<trainer.default_root_dir>/lightning_logs``;
 - :class:`project.callbacks.timing.TimingCallback` reports every run's epoch, iteration and inference
   times, work (FLOPs, MFU) and peak memory (``timing.json`` in the run folder);
-- ``bench`` runs a matrix of fit + test commands and compares them (:mod:`project.bench`);
 - ``--trainer.benchmark`` (cuDNN autotuning) is on unless ``--trainer.deterministic`` is set;
 - checkpoints are written atomically, checked before use, and saved when SIGTERM or Ctrl-C stops
   the run (exit status 128 + signal); training stops at the first non-finite loss
@@ -29,7 +29,6 @@ import functools
 import logging
 import os
 import re
-import shlex
 import shutil
 import signal
 import sys
@@ -38,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jsonargparse import ArgumentParser
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback
 from lightning.pytorch.accelerators import AcceleratorRegistry
@@ -58,12 +56,12 @@ from project.callbacks.guards import FiniteLossGuard, LostRankWatchdog
 from project.callbacks.predictions import PredictionWriter
 from project.callbacks.reproducibility import ReseedEveryEpoch
 from project.callbacks.timing import TimingCallback
-from project.compat import add_subcommand
 from project.data import NUM_CLASSES, CIFAR10DataModule
+from project.entry import TRAINER_COMMANDS, with_option_hints
 from project.errors import ProjectError
 from project.log import get_logger
 from project.model import ImageClassifier
-from project.strategies import leave_gloo_process_group, register_strategies
+from project.strategies import leave_gloo_process_group, name_help, register_strategies
 from project.strategies.deepspeed import check_deepspeed_choice, is_deepspeed_checkpoint, resolve_deepspeed_checkpoint
 
 log = get_logger(__name__)
@@ -101,20 +99,18 @@ class ProjectCLI(LightningCLI):
                 f"--callbacks.{name}", type=bool, default=True, help=f"Run the {callback.__name__} callback."
             )
         parser.set_defaults(CHECKPOINT_DEFAULTS)
+        for option, names in name_help().items():
+            action = parser._option_string_actions[option]  # argparse's table of options
+            action.help = f"{action.help} {names}."
         self.callback_parsers = [*getattr(self, "callback_parsers", []), parser]
 
-    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
-        super()._add_subcommands(parser, **kwargs)
-        add_subcommand(parser, "bench", bench_parser(), help=BENCH_HELP)
-
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
-        super().parse_arguments(parser, args)
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:  # a mistyped option: name the nearest one there is
+            options = {option for p in self.callback_parsers for a in p._actions for option in a.option_strings}
+            raise ArgumentError(None, with_option_hints(str(err), options)) from None
         subcommand = self.config.get("subcommand")
-        if subcommand == "bench":  # not a Trainer method: it runs fit and test commands itself
-            argv = sys.argv[1:] if args is None else list(args)
-            bench = self.config.bench
-            run_bench(bench.config, bench.out, shlex.join(["python", "-m", "project", *argv]))
-            raise SystemExit(0)
         if subcommand:
             self._resolve_ckpt_path(subcommand)
 
@@ -282,30 +278,6 @@ def _runs_root(trainer_config: Any) -> Path:
     return Path(init_args.get("save_dir") or root) / (name or "")
 
 
-BENCH_PRESETS = Path(__file__).resolve().parents[1] / "configs" / "bench"
-BENCH_HELP = "Run a matrix of strategies x archs x batch sizes x device counts x precisions and compare them."
-
-
-def bench_parser() -> ArgumentParser:
-    """The options of ``python -m project bench``, with the presets that come with the template."""
-    presets = sorted(p.relative_to(BENCH_PRESETS.parents[1]) for p in BENCH_PRESETS.glob("*.yaml"))
-    parser = ArgumentParser(
-        description=f"{BENCH_HELP} Each cell runs as its own fit + test; results go to OUT/results.{{csv,md,png}}. "
-        f"Presets: {', '.join(map(str, presets))}.",
-        exit_on_error=False,
-    )
-    parser.add_argument("--config", type=str, required=True, help="the matrix: configs/bench/<preset>.yaml")
-    parser.add_argument("--out", type=str, required=True, help="folder for results.{csv,md,png} and runs/")
-    return parser
-
-
-def run_bench(config: str, out: str, command: str) -> None:
-    """``python -m project bench``: run (or resume) the matrix of ``config`` into ``out``."""
-    from project.bench import bench  # only this subcommand needs it
-
-    bench(Path(config), Path(out), command)
-
-
 @functools.cache
 def _register_once() -> None:
     """Make the template's strategies known to Lightning before any Trainer exists; every process a
@@ -333,6 +305,7 @@ def main(args: ArgsType = None) -> ProjectCLI:
             trainer_defaults={"max_epochs": 10},
             save_config_kwargs={"overwrite": True},
             parser_kwargs={
+                "prog": "python -m project",
                 "description": "Train, evaluate and time one image classifier; compare strategies with "
                 "`python -m project bench --help`.",
                 **raising,
@@ -346,5 +319,8 @@ def main(args: ArgsType = None) -> ProjectCLI:
             print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except ArgumentError as err:
-        print(f"error: {parse_error_line(str(err))} (see python -m project --help)", file=sys.stderr)
+        argv = sys.argv[1:] if args is None else list(args)
+        command = [word for word in argv if word in TRAINER_COMMANDS][:1]
+        help_command = " ".join(["python -m project", *command, "--help"])
+        print(f"error: {parse_error_line(str(err))} (see {help_command})", file=sys.stderr)
         raise SystemExit(2) from None

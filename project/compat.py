@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from jsonargparse import ArgumentParser
 from lightning.fabric.accelerators import _AcceleratorRegistry
 from lightning.fabric.accelerators.xla import _XLA_AVAILABLE
 from lightning.fabric.strategies import _StrategyRegistry
@@ -32,8 +31,8 @@ def xla_available() -> bool:
 
 
 # LightningCLI methods the template's CLI overrides (project/cli.py): no public hook runs a
-# subcommand inside a try block, or adds a subcommand that is not a Trainer method (bench).
-CLI_OVERRIDES = ("_run_subcommand", "_add_subcommands")
+# subcommand inside a try block.
+CLI_OVERRIDES = ("_run_subcommand",)
 
 
 def loggers_write_this_step(trainer: Trainer) -> bool:
@@ -68,9 +67,3 @@ def release_fsdp_name() -> None:
     names: list[Any] = FSDPStrategy._registered_strategies
     if "fsdp" in names:
         names.remove("fsdp")
-
-
-def add_subcommand(parser: ArgumentParser, name: str, subparser: ArgumentParser, help: str) -> None:
-    """Add ``name`` to the subcommands ``parser`` already has (jsonargparse allows one
-    ``add_subcommands`` call per parser, and LightningCLI made it)."""
-    parser._subcommands_action.add_subcommand(name, subparser, help=help)

@@ -209,15 +209,3 @@ def test_default_yaml_lists_the_default_callbacks(capsys: pytest.CaptureFixture)
 
     listed = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["callbacks"]
     assert listed == dict.fromkeys(DEFAULT_CALLBACKS, True)
-
-
-@pytest.mark.parametrize("args", [["--help"], ["bench", "--help"]])
-def test_bench_is_a_subcommand_of_the_command_line(capsys: pytest.CaptureFixture, args: list[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-    out = capsys.readouterr().out
-    assert exit_info.value.code == 0
-    if args == ["--help"]:
-        assert "bench" in out and "Run a matrix of strategies" in out
-    else:
-        assert "--out" in out and "configs/bench/cpu-smoke.yaml" in out and "configs/bench/gpu1.yaml" in out

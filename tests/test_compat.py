@@ -42,14 +42,6 @@ def test_the_cli_methods_the_template_overrides_exist_with_their_signatures() ->
     for name in compat.CLI_OVERRIDES:
         assert name in vars(LightningCLI), name
     assert list(inspect.signature(LightningCLI._run_subcommand).parameters) == ["self", "subcommand"]
-    assert list(inspect.signature(LightningCLI._add_subcommands).parameters) == ["self", "parser", "kwargs"]
-    # add_subcommand reaches jsonargparse's subcommands action through this attribute
-    from jsonargparse import ArgumentParser
-
-    parser = ArgumentParser()
-    parser.add_subcommands()
-    compat.add_subcommand(parser, "extra", ArgumentParser(), help="x")
-    assert parser.parse_args(["extra"]).subcommand == "extra"
 
 
 def test_importing_the_package_is_cheap_and_registers_nothing() -> None:

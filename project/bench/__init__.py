@@ -30,6 +30,7 @@ from project.bench.chart import write_chart
 from project.bench.config import SINGLE, BenchConfig, Cell, expand, load_config
 from project.bench.matrix import MARKER, cell_args, collect, run_cell, run_folder, run_matrix
 from project.bench.report import environment_section, speedups, write_csv, write_markdown
+from project.entry import OneLineParser
 from project.errors import ProjectError
 
 __all__ = [
@@ -55,12 +56,17 @@ __all__ = [
 ]
 
 
+PRESETS = Path(__file__).resolve().parents[2] / "configs" / "bench"
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The options of ``python -m project bench``; ``--help`` and a bad option exit (2) here."""
-    parser = argparse.ArgumentParser(
+    presets = sorted(p.relative_to(PRESETS.parents[1]) for p in PRESETS.glob("*.yaml"))
+    parser = OneLineParser(
         prog="python -m project bench",
         description="Run a matrix of strategies x archs x batch sizes x device counts x precisions (x variants), "
-        "each cell as its own fit + test, and compare their time and memory.",
+        "each cell as its own fit + test, and compare their time and memory. "
+        f"Presets: {', '.join(map(str, presets))}.",
     )
     parser.add_argument("--config", type=Path, required=True, help="the matrix: configs/bench/<preset>.yaml")
     parser.add_argument("--out", type=Path, required=True, help="folder for results.{csv,md,png} and runs/")

@@ -28,6 +28,7 @@ __all__ = [
     "SingleXLAStrategy",
     "XLACPUAccelerator",
     "leave_gloo_process_group",
+    "name_help",
     "register_strategies",
 ]
 
@@ -44,6 +45,29 @@ def register_strategies() -> None:
     FullyShardedStrategy.register_strategies(StrategyRegistry)
     SingleXLAStrategy.register_strategies(StrategyRegistry)
     XLACPUAccelerator.register_accelerators(AcceleratorRegistry)
+
+
+def name_help() -> dict[str, str]:
+    """What ``--trainer.strategy`` and ``--trainer.accelerator`` take, by option: the template's names
+    and Lightning's (Lightning's own help names neither). Call after :func:`register_strategies`.
+
+    >>> register_strategies()
+    >>> name_help()["--trainer.strategy"]  # doctest: +ELLIPSIS
+    "Names: this template's dp, dp_balanced, fsdp, single_xla (docs/strategies.md); Lightning's auto, ddp, ..."
+    """
+    texts = {}
+    for option, registry, key, lightning_names in (
+        ("--trainer.strategy", StrategyRegistry, "strategy", ["auto"]),
+        ("--trainer.accelerator", AcceleratorRegistry, "accelerator", ["auto", "gpu"]),
+    ):
+        ours = sorted(name for name, entry in registry.items() if entry[key].__module__.startswith(__name__))
+        # ddp*_find_unused_parameters_{true,false}: one note instead of nine names
+        lightning_names += sorted(n for n in registry if n not in ours and "find_unused" not in n)
+        texts[option] = f"Names: this template's {', '.join(ours)} (docs/strategies.md); Lightning's " + ", ".join(
+            lightning_names
+        )
+    texts["--trainer.strategy"] += " (and ddp*_find_unused_parameters_true/false)"
+    return texts
 
 
 def leave_gloo_process_group() -> None:
