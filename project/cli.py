@@ -58,6 +58,7 @@ from project.callbacks.guards import FiniteLossGuard, LostRankWatchdog
 from project.callbacks.predictions import PredictionWriter
 from project.callbacks.reproducibility import ReseedEveryEpoch
 from project.callbacks.timing import TimingCallback
+from project.callbacks.views import TensorBoardViews
 from project.compat import add_subcommand
 from project.data import NUM_CLASSES, CIFAR10DataModule
 from project.errors import ProjectError
@@ -83,6 +84,7 @@ DEFAULT_CALLBACKS: dict[str, type[Callback]] = {
     "checkpoint": ModelCheckpoint,
     "reseed_every_epoch": ReseedEveryEpoch,
     "timing": TimingCallback,
+    "tensorboard_views": TensorBoardViews,  # after timing: it reports timing's figures as hparams
     "finite_loss_guard": FiniteLossGuard,
     "atomic_checkpoints": AtomicCheckpoints,
     "checkpoint_on_signal": CheckpointOnSignal,
