@@ -47,6 +47,7 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from project.bench.compare import COMPARE_HELP, compare_parser, run_compare
 from project.callbacks.checkpoints import (
     AtomicCheckpoints,
     CheckpointOnSignal,
@@ -108,6 +109,7 @@ class ProjectCLI(LightningCLI):
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
         super()._add_subcommands(parser, **kwargs)
         add_subcommand(parser, "bench", bench_parser(), help=BENCH_HELP)
+        add_subcommand(parser, "compare", compare_parser(), help=COMPARE_HELP)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         super().parse_arguments(parser, args)
@@ -116,6 +118,9 @@ class ProjectCLI(LightningCLI):
             argv = sys.argv[1:] if args is None else list(args)
             bench = self.config.bench
             run_bench(bench.config, bench.out, shlex.join(["python", "-m", "project", *argv]))
+            raise SystemExit(0)
+        if subcommand == "compare":  # reads finished runs' timing.json files; trains nothing
+            run_compare(self.config.compare, sys.argv[1:] if args is None else list(args))
             raise SystemExit(0)
         if subcommand:
             self._resolve_ckpt_path(subcommand)

@@ -4,8 +4,10 @@ scalar on the global-step axis."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
@@ -65,6 +67,17 @@ def test_a_fit_writes_real_hparams_the_layout_and_one_step_axis(tiny_args: list[
     test_tags = set(test_run.Tags()["scalars"])
     assert "hp_metric" not in test_tags and "time/test/samples_per_second" in test_tags
     assert steps(test_run, "time/test/samples_per_second") == steps(test_run, "test/acc")
+
+    # the two run folders, compared from the timing.json files the fit and the test wrote
+    out = tmp_path / "compared"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["compare", str(tmp_path / "lightning_logs"), "--out", str(out)])
+    assert exit_info.value.code == 0
+    with open(out / "results.csv", newline="") as f:
+        fit_row, test_row = csv.DictReader(f)
+    assert (fit_row["cell"], fit_row["bench_strategy"], test_row["cell"]) == ("version_0", "single", "version_1")
+    assert float(fit_row["train_samples_per_second"]) > 0 and float(test_row["test_samples_per_second"]) > 0
+    assert "| `version_0` | single | mobilenet_v2 | 20 | 1 | 32-true |" in (out / "results.md").read_text()
 
 
 def test_without_validation_or_timing_no_hparams_are_written(tiny_args: list[str], tmp_path: Path) -> None:
