@@ -32,7 +32,8 @@ What each figure is (``timing.json`` in the run folder holds them; ``docs/timing
   peak resident set size; XLA's peak where the runtime reports it. Peaks are since the process
   started, so run fit and test as separate commands (as ``python -m project bench`` does).
 
-Rank 0 writes TensorBoard scalars (``time/...``, ``memory/...``) every epoch and at the end, merges
+Rank 0 writes TensorBoard scalars (``time/...``, ``memory/...``) every epoch and at the end, at the
+step of the epoch's own ``train/*`` and ``val/*`` metrics (test and predict: at ``test/acc``'s), merges
 its stage's keys and the run's environment (:mod:`project.measure.environment`) into
 ``<log_dir>/timing.json`` at the end of fit, test and predict, and prints a short table.
 """
