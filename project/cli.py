@@ -1,4 +1,4 @@
-"""The command line: ``python -m project {fit,validate,test,predict,bench}``, a LightningCLI.
+"""The command line: ``python -m project {fit,validate,test,predict,bench,compare}``, a LightningCLI.
 
 Beyond LightningCLI it does these things:
 - the template's strategies are registered when it starts (:mod:`project.strategies`);
@@ -11,7 +11,8 @@ Beyond LightningCLI it does these things:
   ``<trainer.default_root_dir>/lightning_logs``;
 - :class:`project.callbacks.timing.TimingCallback` reports every run's epoch, iteration and inference
   times, work (FLOPs, MFU) and peak memory (``timing.json`` in the run folder);
-- ``bench`` runs a matrix of fit + test commands and compares them (:mod:`project.bench`);
+- ``bench`` runs a matrix of fit + test commands and compares them (:mod:`project.bench`); ``compare``
+  compares finished runs from their ``timing.json`` (:mod:`project.bench.compare`);
 - ``--trainer.benchmark`` (cuDNN autotuning) is on unless ``--trainer.deterministic`` is set;
 - checkpoints are written atomically, checked before use, and saved when SIGTERM or Ctrl-C stops
   the run (exit status 128 + signal); training stops at the first non-finite loss
