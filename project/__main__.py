@@ -1,4 +1,4 @@
-"""``python -m project fit|validate|test|predict|bench ...``: the command line, :func:`project.cli.main`."""
+"""``python -m project fit|validate|test|predict|bench|compare ...``: the command line, :func:`project.cli.main`."""
 
 from project.cli import main
 
