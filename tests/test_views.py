@@ -49,6 +49,7 @@ def test_a_fit_writes_real_hparams_the_layout_and_one_step_axis(tiny_args: list[
     values = session.session_start_info.hparams
     assert values["strategy"].string_value == "single_device" and values["arch"].string_value == "mobilenet_v2"
     assert values["batch_size"].number_value == 20 and values["lr"].number_value == 0.1
+    assert "_instantiator" not in values  # LightningCLI's bookkeeping in the model's hparams
     experiment = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/experiment"]).experiment
     assert {m.name.tag for m in experiment.metric_infos} == set(HPARAM_METRICS)
 

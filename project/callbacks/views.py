@@ -114,6 +114,7 @@ def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
     params = run_description(trainer, pl_module)  # arch, image and batch size among them, unprefixed
     data = getattr(trainer.datamodule, "hparams", {}) if trainer.datamodule is not None else {}
     for name, value in [*pl_module.hparams.items(), *data.items()]:
-        params.setdefault(name, value)
+        if not name.startswith("_"):  # LightningCLI's bookkeeping (_instantiator), not a setting
+            params.setdefault(name, value)
     params["max_epochs"] = trainer.max_epochs
     return params
