@@ -1,4 +1,4 @@
-"""``python -m project fit|validate|test|predict|bench ...``: :func:`project.entry.main`."""
+"""``python -m project fit|validate|test|predict|bench|compare ...``: :func:`project.entry.main`."""
 
 from project.entry import main
 

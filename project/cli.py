@@ -1,5 +1,6 @@
 """The trainer commands: ``python -m project {fit,validate,test,predict}``, a LightningCLI
-(:mod:`project.entry` sends ``bench`` and the top-level help elsewhere, without importing Lightning).
+(:mod:`project.entry` sends ``bench``, ``compare`` and the top-level help elsewhere, without importing
+Lightning).
 
 Beyond LightningCLI it does these things:
 - the template's strategies are registered when it starts (:mod:`project.strategies`);
@@ -56,6 +57,7 @@ from project.callbacks.guards import FiniteLossGuard, LostRankWatchdog
 from project.callbacks.predictions import PredictionWriter
 from project.callbacks.reproducibility import ReseedEveryEpoch
 from project.callbacks.timing import TimingCallback
+from project.callbacks.views import TensorBoardViews
 from project.data import NUM_CLASSES, CIFAR10DataModule
 from project.entry import TRAINER_COMMANDS, with_option_hints
 from project.errors import ProjectError
@@ -81,6 +83,7 @@ DEFAULT_CALLBACKS: dict[str, type[Callback]] = {
     "checkpoint": ModelCheckpoint,
     "reseed_every_epoch": ReseedEveryEpoch,
     "timing": TimingCallback,
+    "tensorboard_views": TensorBoardViews,  # after timing: it reports timing's figures as hparams
     "finite_loss_guard": FiniteLossGuard,
     "atomic_checkpoints": AtomicCheckpoints,
     "checkpoint_on_signal": CheckpointOnSignal,

@@ -15,6 +15,7 @@ from lightning.fabric.accelerators.xla import _XLA_AVAILABLE
 from lightning.fabric.strategies import _StrategyRegistry
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
@@ -39,6 +40,24 @@ def loggers_write_this_step(trainer: Trainer) -> bool:
     """True on the training steps whose logged values Lightning passes to the loggers (every
     ``log_every_n_steps``): the same test Lightning's own LearningRateMonitor makes."""
     return trainer._logger_connector.should_update_logs or bool(trainer.fast_dev_run)
+
+
+def lightning_log_step(trainer: Trainer) -> int:
+    """The step Lightning writes ``self.log`` values at: the count of training batches that stepped
+    the optimizer (the global step in a fit; 0 in a fresh test or predict process). Lightning logs a
+    training epoch's own metrics (``train/acc``, ``val/acc``) at this count minus one, the epoch's
+    last step."""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
+def drop_placeholder_hp_metric(logger: object) -> None:
+    """Stop a TensorBoardLogger from writing its placeholder ``hp_metric=-1`` (with the hparams
+    summary) when Lightning logs the hyperparameters at the start of a run; the run's hparams are
+    written with real metrics at the end of fit instead (:mod:`project.callbacks.views`). The
+    logger's ``default_hp_metric`` argument does the same, but Lightning builds the default logger
+    itself and a user may configure their own."""
+    if isinstance(logger, TensorBoardLogger):
+        logger._default_hp_metric = False
 
 
 def is_subprocess_script_launcher(launcher: object) -> bool:

@@ -2,8 +2,8 @@
 
 ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (:mod:`project.cli`), which needs torch
 and Lightning: about 6 s of imports before the first line of output. ``bench`` only starts runs and
-reads their results, and the top-level help only lists the commands, so these answer without
-importing either (a tenth of a second), as does a mistyped command.
+reads their results, ``compare`` only reads them, and the top-level help only lists the commands,
+so these answer without importing either (a twentieth of a second), as does a mistyped command.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ TRAINER_COMMANDS = {
 }
 TOOL_COMMANDS = {
     "bench": "run a matrix of strategies, archs, batch sizes, devices and precisions; compare time and memory",
+    "compare": "compare finished runs (their timing.json) in the same results.{csv,md,png} as bench",
 }
 USAGE = "python -m project"
 
@@ -59,7 +60,7 @@ def unknown_command(name: str) -> str:
     """The one line for a command that is not one, with the nearest command if there is one.
 
     >>> unknown_command("fitt")
-    "'fitt' is not a command; did you mean 'fit'? Commands: fit, validate, test, predict, bench"
+    "'fitt' is not a command; did you mean 'fit'? Commands: fit, validate, test, predict, bench, compare"
     """
     commands = [*TRAINER_COMMANDS, *TOOL_COMMANDS]
     near = difflib.get_close_matches(name, commands, n=1)
@@ -93,6 +94,11 @@ def main(args: list[str] | None = None) -> None:
         from project.bench import main as bench_main
 
         bench_main(argv[1:])
+        return
+    if argv[0] == "compare":
+        from project.bench.compare import main as compare_main
+
+        compare_main(argv[1:])
         return
     if not argv[0].startswith("-") and argv[0] not in TRAINER_COMMANDS:
         print(f"error: {unknown_command(argv[0])}", file=sys.stderr)

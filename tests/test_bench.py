@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import matplotlib.image
+import matplotlib.pyplot
 import pytest
 import yaml
 
@@ -241,6 +242,31 @@ def test_results_show_the_work_done_and_the_environment_once(tmp_path: Path) -> 
 
     bench.write_chart(rows, tmp_path / "results.png", "work")
     assert matplotlib.image.imread(tmp_path / "results.png").std() > 0
+
+
+def test_the_chart_labels_every_bar_and_shows_throughput_and_latency() -> None:
+    common = {"arch": "resnet50", "batch_size": 32, "precision": "32-true", "status": "ok", "error": None}
+    latency = {"p50": 16.1, "p90": 18.0}
+    rows = [
+        {**common, "cell": "s", "bench_strategy": "single", "devices": 1, "epoch_seconds_mean": 2.0,
+         "train_samples_per_second": 461.0, "test_samples_per_second": 1988.4, "test_batch_latency_ms": latency,
+         "peak_memory_mb": [881.0], "peak_memory_devices": ["rank0"]},
+        {**common, "cell": "d", "bench_strategy": "ddp", "devices": 2, "epoch_seconds_mean": 0.5,
+         "train_samples_per_second": 1840.0, "peak_memory_mb": [868.0, 870.0],
+         "peak_memory_devices": ["rank0", "rank1"]},
+    ]  # fmt: skip
+    figure = bench.chart_figure(rows, "labels")
+    try:
+        texts = {axis.get_title(): [t.get_text() for t in axis.texts] for axis in figure.axes}
+    finally:
+        matplotlib.pyplot.close(figure)
+    epoch, throughput, memory = (
+        next(v for k, v in texts.items() if word in k) for word in ("epoch", "throughput", "memory")
+    )
+    assert epoch == ["2 s\n1.00x", "0.5 s\n4.00x"]  # the value and the speed-up over the single device
+    assert throughput == ["461", "1840", "1988", ""]  # train, then test samples/s; ddp ran no test
+    assert ["16.1 ms"] in texts.values()  # the latency, on the throughput panel's second axis
+    assert memory == ["881", "868", "", "870"]  # rank0 of both cells, then rank1
 
 
 def test_results_of_cells_that_record_no_environment_say_so(tmp_path: Path) -> None:

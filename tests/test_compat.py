@@ -6,10 +6,12 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy
 
 from project import compat
@@ -36,6 +38,18 @@ def test_every_private_name_exists_in_the_installed_lightning() -> None:
     assert hasattr(ddp.strategy.launcher, "procs")
     assert not compat.is_subprocess_script_launcher(trainer.strategy.launcher)
     assert isinstance(compat.xla_available(), bool)
+
+
+def test_the_logging_names_exist_in_the_installed_lightning(tmp_path: Path) -> None:
+    # lightning_log_step: the fit loop's count of batches that stepped, the step of self.log values
+    trainer = Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    assert compat.lightning_log_step(trainer) == trainer.fit_loop.epoch_loop._batches_that_stepped == 0
+    # drop_placeholder_hp_metric: the TensorBoardLogger flag behind its placeholder hp_metric=-1
+    logger = TensorBoardLogger(tmp_path)
+    assert logger._default_hp_metric is True
+    compat.drop_placeholder_hp_metric(logger)
+    assert logger._default_hp_metric is False
+    compat.drop_placeholder_hp_metric(CSVLogger(tmp_path))  # other loggers: nothing to do
 
 
 def test_the_cli_methods_the_template_overrides_exist_with_their_signatures() -> None:

@@ -38,7 +38,11 @@ def test_bench_help_lists_the_presets(capsys: pytest.CaptureFixture) -> None:
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["fitt"], "error: 'fitt' is not a command; did you mean 'fit'? Commands: fit, validate, test, predict, bench"),
+        (
+            ["fitt"],
+            "error: 'fitt' is not a command; did you mean 'fit'? "
+            "Commands: fit, validate, test, predict, bench, compare",
+        ),
         (["bench", "--out"], "error: argument --out: expected one argument (see python -m project bench --help)"),
         (
             ["fit", "--data.batchsize=64"],

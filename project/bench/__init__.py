@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from project.bench.chart import write_chart
+from project.bench.chart import chart_figure, write_chart
 from project.bench.config import SINGLE, BenchConfig, Cell, expand, load_config
 from project.bench.matrix import MARKER, cell_args, collect, run_cell, run_folder, run_matrix
 from project.bench.report import environment_section, speedups, write_csv, write_markdown
@@ -40,6 +40,7 @@ __all__ = [
     "Cell",
     "bench",
     "cell_args",
+    "chart_figure",
     "collect",
     "environment_section",
     "expand",

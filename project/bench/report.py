@@ -147,7 +147,20 @@ def environment_section(rows: list[dict[str, Any]]) -> list[str]:
     return text
 
 
-def write_markdown(rows: list[dict[str, Any]], path: Path, command: str, machine: str) -> None:
+BENCH_HOW = (
+    "Each cell ran `python -m project fit` and then `python -m project test --ckpt_path=last` in fresh processes."
+)
+
+
+def write_markdown(
+    rows: list[dict[str, Any]],
+    path: Path,
+    command: str,
+    machine: str,
+    title: str = "Strategy benchmark",
+    how: str = BENCH_HOW,
+) -> None:
+    """``results.md``; ``title`` and ``how`` (how the cells ran) differ between bench and compare."""
     ok = [(r, s) for r, s in zip(rows, speedups(rows), strict=True) if r["status"] == "ok"]
     variants = any(r.get("variant") for r, _ in ok)
     training = [
@@ -196,13 +209,13 @@ def write_markdown(rows: list[dict[str, Any]], path: Path, command: str, machine
     training_header += ["total s", "s/epoch", "first epoch s", "s/iteration", "data wait %", "samples/s"]
     training_header += ["TFLOP/s", "MFU %", "speed-up"]
     text = [
-        "# Strategy benchmark",
+        f"# {title}",
         "",
         f"Produced by `{command}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.",
         f"Machine: {machine}.",
         "",
-        "Each cell ran `python -m project fit` and then `python -m project test --ckpt_path=last` in fresh",
-        "processes. Times are wall-clock seconds of the slowest rank with the device synchronised; the",
+        how,
+        "Times are wall-clock seconds of the slowest rank with the device synchronised; the",
         "first epoch (warm-up) is shown apart and left out of the epoch mean ± std; the first iterations",
         "are left out of the iteration statistics. Throughput counts the samples of all ranks. Speed-up:",
         "the single-device cell's steady epoch time over this cell's (same arch, batch, precision"

@@ -32,7 +32,8 @@ What each figure is (``timing.json`` in the run folder holds them; ``docs/timing
   peak resident set size; XLA's peak where the runtime reports it. Peaks are since the process
   started, so run fit and test as separate commands (as ``python -m project bench`` does).
 
-Rank 0 writes TensorBoard scalars (``time/...``, ``memory/...``) every epoch and at the end, merges
+Rank 0 writes TensorBoard scalars (``time/...``, ``memory/...``) every epoch and at the end, at the
+step of the epoch's own ``train/*`` and ``val/*`` metrics (test and predict: at ``test/acc``'s), merges
 its stage's keys and the run's environment (:mod:`project.measure.environment`) into
 ``<log_dir>/timing.json`` at the end of fit, test and predict, and prints a short table.
 """
@@ -51,6 +52,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch import nn
 
+from project.compat import lightning_log_step
 from project.errors import ProjectError
 from project.measure import flops
 from project.measure.devices import DeviceClock, HostClock, device_clock, peak_memory_mb
@@ -153,7 +155,7 @@ class TimingCallback(Callback):
         }
         labels, memory = memory_entries([m for _, m in records], self._device.type)
         metrics.update({f"memory/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
-        _log_scalars(trainer, metrics, step=trainer.current_epoch)
+        _log_scalars(trainer, metrics, step=_epoch_end_step(trainer))
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         records = self._gather(trainer, self._train.fit_record(self._clock.wait(), self.warmup_iterations))
@@ -163,12 +165,12 @@ class TimingCallback(Callback):
         labels, memory = memory_entries([m for _, m in records], self._device.type)
         numbers = summarise_fit(self._epochs, [r for r, _ in records])
         numbers.update(self._work(trainer, "train", numbers["train_samples_per_second"]))
-        report = {**_run_description(trainer, pl_module)}
+        report = {**run_description(trainer, pl_module)}
         report.update({k: clean(v) if isinstance(v, float) else v for k, v in numbers.items()})
         report.update(peak_memory_mb=memory, peak_memory_devices=labels)
         scalars = {f"time/summary/{k}": v for k, v in report.items() if isinstance(v, float)}
         scalars.update({f"memory/summary/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
-        self._publish(trainer, log_dir, report, scalars, step=trainer.current_epoch, title="fit")
+        self._publish(trainer, log_dir, report, scalars, step=_epoch_end_step(trainer), title="fit")
 
     # -- test and predict --------------------------------------------------------------------
 
@@ -209,7 +211,7 @@ class TimingCallback(Callback):
         if not trainer.is_global_zero:
             return
         labels, memory = memory_entries([m for _, m in records], self._device.type)
-        report = {**_run_description(trainer, pl_module), **summarise_inference(stage, [r for r, _ in records])}
+        report = {**run_description(trainer, pl_module), **summarise_inference(stage, [r for r, _ in records])}
         work = self._work(trainer, "inference", report[f"{stage}_samples_per_second"])
         report.update({f"{stage}_tflops_per_second": work["inference_tflops_per_second"], f"{stage}_mfu": work["mfu"]})
         report.update({f"{stage}_peak_memory_mb": memory, f"{stage}_peak_memory_devices": labels})
@@ -218,7 +220,7 @@ class TimingCallback(Callback):
         for key in ("sample_latency_ms", "samples_per_second", "tflops_per_second", "mfu"):
             scalars[f"time/{stage}/{key}"] = report[f"{stage}_{key}"]
         scalars.update({f"memory/{stage}/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
-        self._publish(trainer, log_dir, report, scalars, step=0, title=stage)
+        self._publish(trainer, log_dir, report, scalars, step=lightning_log_step(trainer), title=stage)
 
     # -- shared ------------------------------------------------------------------------------
 
@@ -297,13 +299,19 @@ def _log_scalars(trainer: Trainer, metrics: dict[str, float | None], step: int) 
         logger.log_metrics(present, step=step)
 
 
+def _epoch_end_step(trainer: Trainer) -> int:
+    """The x of a training epoch's figures: the step Lightning logs the epoch's ``train/acc`` and
+    ``val/acc`` at (its last optimizer step), so time and memory share the loss curves' axis."""
+    return max(lightning_log_step(trainer) - 1, 0)
+
+
 def _short_name(obj: object, suffix: str) -> str:
     """``DDPStrategy`` -> ``ddp``, ``CUDAAccelerator`` -> ``cuda``; a registered name if the class has one."""
     registered = getattr(type(obj), "strategy_name", None)
     return registered or type(obj).__name__.removesuffix(suffix).lower()
 
 
-def _run_description(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+def run_description(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
     """What was run: the settings a reader needs to compare two ``timing.json`` files."""
     datamodule_hparams = getattr(trainer.datamodule, "hparams", {}) if trainer.datamodule is not None else {}
     return {

@@ -1,0 +1,88 @@
+"""What a run shows in TensorBoard (project/callbacks/views.py and the timing callback's scalars): no
+placeholder ``hp_metric``, the hparams with real metrics, the custom-scalars layout, and every
+scalar on the global-step axis."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+from project.callbacks.views import HPARAM_METRICS, LAYOUT
+from project.entry import main
+
+
+def read_run(run: Path) -> EventAccumulator:
+    (events,) = run.glob("events.out.tfevents.*")  # one process, one event file
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    return accumulator
+
+
+def steps(accumulator: EventAccumulator, tag: str) -> list[int]:
+    return [event.step for event in accumulator.Scalars(tag)]
+
+
+def test_a_fit_writes_real_hparams_the_layout_and_one_step_axis(tiny_args: list[str], tmp_path: Path) -> None:
+    main(["fit", *tiny_args, "--trainer.max_epochs=2", "--trainer.limit_train_batches=3"])
+    run = read_run(tmp_path / "lightning_logs" / "version_0")
+    tags = set(run.Tags()["scalars"])
+    assert "hp_metric" not in tags  # Lightning's placeholder -1
+    assert set(HPARAM_METRICS) <= tags, set(HPARAM_METRICS) - tags
+
+    # one x axis: an epoch's time and memory at the step of its train/acc and val/acc (3 steps an epoch)
+    assert steps(run, "val/acc") == steps(run, "train/acc") == [2, 5]
+    for tag in ("time/train_epoch_seconds", "time/train_samples_per_second", "memory/peak_mb/rank0"):
+        assert steps(run, tag) == [2, 5], tag
+    assert steps(run, "time/summary/fit_seconds") == steps(run, "hparams/val_acc") == [5]
+    # the hparams' metrics are the run's own figures
+    assert run.Scalars("hparams/val_acc")[0].value == run.Scalars("val/acc")[-1].value
+    assert run.Scalars("hparams/train_samples_per_second")[0].value > 0
+
+    # the HPARAMS tab: the run's settings against those metrics
+    hparams = run.PluginTagToContent("hparams")
+    session = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/session_start_info"])
+    values = session.session_start_info.hparams
+    assert values["strategy"].string_value == "single_device" and values["arch"].string_value == "mobilenet_v2"
+    assert values["batch_size"].number_value == 20 and values["lr"].number_value == 0.1
+    assert "_instantiator" not in values  # LightningCLI's bookkeeping in the model's hparams
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(hparams["_hparams_/experiment"]).experiment
+    assert {m.name.tag for m in experiment.metric_infos} == set(HPARAM_METRICS)
+
+    # the CUSTOM SCALARS tab: time, memory and accuracy side by side
+    (config,) = run.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
+    assert [c.title for c in layout.category] == list(LAYOUT)
+    training = [chart.title for chart in layout.category[0].chart]
+    assert training == list(LAYOUT["training"]) and training[0] == "accuracy"
+    assert "seconds per epoch" in training and "peak memory MiB per rank" in training
+    assert list(layout.category[0].chart[0].multiline.tag) == [r"^train/acc$", r"^val/acc$"]
+
+    # a test of the fit's last checkpoint: its figures on test/acc's step, still no placeholder
+    main(["test", *tiny_args, "--ckpt_path=last"])
+    test_run = read_run(tmp_path / "lightning_logs" / "version_1")
+    test_tags = set(test_run.Tags()["scalars"])
+    assert "hp_metric" not in test_tags and "time/test/samples_per_second" in test_tags
+    assert steps(test_run, "time/test/samples_per_second") == steps(test_run, "test/acc")
+
+    # the two run folders, compared from the timing.json files the fit and the test wrote
+    out = tmp_path / "compared"
+    main(["compare", str(tmp_path / "lightning_logs"), "--out", str(out)])  # exits only on an error
+    with open(out / "results.csv", newline="") as f:
+        fit_row, test_row = csv.DictReader(f)
+    assert (fit_row["cell"], fit_row["bench_strategy"], test_row["cell"]) == ("version_0", "single", "version_1")
+    assert float(fit_row["train_samples_per_second"]) > 0 and float(test_row["test_samples_per_second"]) > 0
+    assert "| `version_0` | single | mobilenet_v2 | 20 | 1 | 32-true |" in (out / "results.md").read_text()
+
+
+def test_without_validation_or_timing_no_hparams_are_written(tiny_args: list[str], tmp_path: Path) -> None:
+    off = ["--trainer.limit_val_batches=0", "--callbacks.timing=false", "--callbacks.checkpoint=false"]
+    main(["fit", *tiny_args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", *off])
+    run = read_run(tmp_path / "lightning_logs" / "version_0")
+    assert not any(m.plugin_data.plugin_name == "hparams" for m in run.summary_metadata.values())
+    assert not {"hp_metric", *HPARAM_METRICS} & set(run.Tags()["scalars"])
+    assert "train/loss_step" in run.Tags()["scalars"]  # the run itself was logged
