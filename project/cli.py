@@ -11,6 +11,8 @@ Beyond LightningCLI it does these things:
   ``<trainer.default_root_dir>/lightning_logs``;
 - :class:`project.callbacks.timing.TimingCallback` reports every run's epoch, iteration and inference
   times, work (FLOPs, MFU) and peak memory (``timing.json`` in the run folder);
+- every command writes into a run folder, also without a logger, evaluations into their fit's
+  (:mod:`project.run_dirs`); settings that follow from others in :mod:`project.run_settings`;
 - ``bench`` runs a matrix of fit + test commands and compares them (:mod:`project.bench`);
 - ``--trainer.benchmark`` (cuDNN autotuning) is on unless ``--trainer.deterministic`` is set;
 - checkpoints are written atomically, checked before use, and saved when SIGTERM or Ctrl-C stops
