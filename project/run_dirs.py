@@ -6,7 +6,8 @@ also without a logger, and test/validate/predict of a fit's checkpoint inside th
   ``last-v1.ckpt``, ``last-v2.ckpt``, ... beside the first. Here such a run gets the next
   ``version_N`` folder, exactly where the default logger would have put it, so ``--ckpt_path=last``
   finds it and nothing lands in the working directory.
-- ``test``/``validate``/``predict`` with a checkpoint from ``.../version_N/checkpoints/`` write into
+- ``test``/``validate``/``predict`` with a checkpoint from ``.../version_N/checkpoints/``, run with the
+  fit's setup (:data:`SAME_SETUP`: else ``timing.json`` would describe two setups as one), write into
   ``version_N`` (TensorBoard events beside the fit's, ``timing.json`` keys merged into the fit's,
   ``predictions.csv``), their config as ``config-<subcommand>.yaml``: in TensorBoard and on disk the
   evaluation sits with the training it evaluates, not in an unrelated ``version_N+1``; and its
@@ -20,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import yaml
 from jsonargparse import Namespace
 
 DEFAULT_LOGGER_NAME = "lightning_logs"  # Lightning's default logger's folder
@@ -53,6 +55,35 @@ def run_folder_of(checkpoint: Any) -> Path | None:
     return folder if folder.name[8:].isdigit() else None
 
 
+# The options that make an evaluation's timing comparable with its fit's: the run description that
+# timing.json holds once for both (the arch comes from the checkpoint).
+SAME_SETUP = (
+    "trainer.accelerator",
+    "trainer.strategy",
+    "trainer.devices",
+    "trainer.num_nodes",
+    "trainer.precision",
+    "data.image_size",
+    "data.batch_size",
+)
+
+
+def same_setup(fit_run: Path, config: Any) -> bool:
+    """Whether ``config`` sets the :data:`SAME_SETUP` options as the fit of ``fit_run`` did (its
+    ``config.yaml``; False without one)."""
+    saved = fit_run / "config.yaml"
+    if not saved.is_file():
+        return False
+    fit_config = yaml.safe_load(saved.read_text()) or {}
+    for key in SAME_SETUP:
+        value, fit_value = config.get(key), fit_config
+        for part in key.split("."):
+            fit_value = fit_value.get(part) if isinstance(fit_value, dict) else None
+        if (value.as_dict() if isinstance(value, Namespace) else value) != fit_value:
+            return False
+    return True
+
+
 def arrange_run_folder(subcommand: str, config: Any) -> str | None:
     """Point the run's outputs at its run folder (see the module's docstring) by editing the parsed
     ``config`` of ``subcommand`` before the Trainer is built; return the file name its config is to be
@@ -63,6 +94,8 @@ def arrange_run_folder(subcommand: str, config: Any) -> str | None:
     trainer = config.trainer
     logger = trainer.get("logger")
     fit_run = run_folder_of(config.get("ckpt_path")) if subcommand != "fit" else None
+    if fit_run is not None and not same_setup(fit_run, config):
+        fit_run = None
     if logger is False:
         if fit_run is None:
             root = runs_root(trainer)

@@ -106,6 +106,9 @@ def test_test_and_predict_of_a_fit_write_into_its_folder_and_the_summary_says_wh
     assert {"train_samples_per_second", "test_samples_per_second", "predict_samples_per_second"} <= timing.keys()
     assert len(list(run.glob("events.out.tfevents.*"))) == 3  # TensorBoard shows one run, test included
     assert noise_in(*lightning_messages) == []
+    # with another setup (here the batch size), the timing is not the fit's: a folder of its own
+    main(["test", *tiny_args, "--data.batch_size=30", "--ckpt_path=last"])
+    assert (run.parent / "version_1" / "config.yaml").is_file()
 
 
 def test_no_validation_with_val_size_0_and_best_falls_back_to_last(
