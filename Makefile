@@ -28,7 +28,7 @@ define install
 endef
 
 $(VENV)/.installed: pyproject.toml
-	$(call install,$(VENV),)
+	$(call install,$(VENV),[progress])
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml

@@ -13,6 +13,8 @@ Beyond LightningCLI it does these things:
   ``<trainer.default_root_dir>/lightning_logs``;
 - :class:`project.callbacks.timing.TimingCallback` reports every run's epoch, iteration and inference
   times, work (FLOPs, MFU) and peak memory (``timing.json`` in the run folder);
+- every command writes into a run folder, also without a logger, evaluations into their fit's
+  (:mod:`project.run_dirs`); settings that follow from others in :mod:`project.run_settings`;
 - ``--trainer.benchmark`` (cuDNN autotuning) is on unless ``--trainer.deterministic`` is set;
 - checkpoints are written atomically, checked before use, and saved when SIGTERM or Ctrl-C stops
   the run (exit status 128 + signal); training stops at the first non-finite loss
@@ -53,9 +55,13 @@ from project.callbacks.checkpoints import (
     check_checkpoint_file,
     find_checkpoint,
 )
+from project.callbacks.estimate import CpuTimeEstimate
 from project.callbacks.guards import FiniteLossGuard, LostRankWatchdog
 from project.callbacks.predictions import PredictionWriter
+from project.callbacks.progress import ProgressBar
+from project.callbacks.quiet import LogEveryEpoch, ModelSummaryWithFlops, silence_known_noise
 from project.callbacks.reproducibility import ReseedEveryEpoch
+from project.callbacks.summary import RunSummary
 from project.callbacks.timing import TimingCallback
 from project.callbacks.views import TensorBoardViews
 from project.data import NUM_CLASSES, CIFAR10DataModule
@@ -63,6 +69,8 @@ from project.entry import TRAINER_COMMANDS, with_option_hints
 from project.errors import ProjectError
 from project.log import get_logger
 from project.model import ImageClassifier
+from project.run_dirs import arrange_run_folder, runs_root
+from project.run_settings import callbacks_switched_off, derive_settings
 from project.strategies import leave_gloo_process_group, name_help, register_strategies
 from project.strategies.deepspeed import check_deepspeed_choice, is_deepspeed_checkpoint, resolve_deepspeed_checkpoint
 
@@ -90,6 +98,11 @@ DEFAULT_CALLBACKS: dict[str, type[Callback]] = {
     "final_checkpoint": FinalCheckpoint,
     "lost_rank_watchdog": LostRankWatchdog,
     "predictions": PredictionWriter,
+    "progress_bar": ProgressBar,
+    "model_summary": ModelSummaryWithFlops,
+    "log_every_epoch": LogEveryEpoch,
+    "cpu_time_estimate": CpuTimeEstimate,
+    "run_summary": RunSummary,  # after timing: it names the timing.json written at the same hook
 }
 
 
@@ -130,7 +143,7 @@ class ProjectCLI(LightningCLI):
                 subcommand,
             )
         if value in ("last", "best"):
-            config.ckpt_path = find_checkpoint(value, _runs_root(config.trainer), allow_none=subcommand == "fit")
+            config.ckpt_path = find_checkpoint(value, runs_root(config.trainer), allow_none=subcommand == "fit")
         if config.ckpt_path not in (None, "hpc"):
             # A DeepSpeed folder: kept for a DeepSpeed run, consolidated into one file for one device.
             config.ckpt_path = resolve_deepspeed_checkpoint(
@@ -144,17 +157,13 @@ class ProjectCLI(LightningCLI):
         trainer = config.trainer
         check_trainer_choices(trainer.get("strategy"), trainer.get("accelerator"), trainer.get("devices"))
         check_deepspeed_choice(trainer.get("strategy"), trainer.get("accelerator"))
-        switched_off = {name for name in DEFAULT_CALLBACKS if not config.callbacks[name]}
-        if trainer.get("enable_checkpointing") is False:
-            switched_off.add("checkpoint")  # the Trainer refuses a ModelCheckpoint it was told not to use
-        elif "checkpoint" in switched_off:
-            trainer.enable_checkpointing = False  # else the Trainer adds a ModelCheckpoint of its own
+        derive_settings(self.subcommand, config)
+        switched_off = callbacks_switched_off(config, list(DEFAULT_CALLBACKS))
         for parser in self.callback_parsers:  # the instantiated callbacks the Trainer is given
             parser.callback_keys[:] = [key for key in parser.callback_keys if key not in switched_off]
-        if trainer.get("benchmark") is None:
-            # cuDNN's autotuner picks the fastest convolution kernels for the (fixed) input shape; it
-            # may pick differently from run to run, so a deterministic run leaves it off. No effect on CPU.
-            trainer.benchmark = not trainer.get("deterministic")
+        config_filename = arrange_run_folder(self.subcommand, config)
+        if config_filename:
+            self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": config_filename}
 
     def instantiate_classes(self) -> None:
         # Lightning's Trainer refuses a bad setting (devices=-1 on CPU, an unusable precision, ...) with
@@ -270,17 +279,6 @@ def parse_error_line(message: str) -> str:
     return f"{key.group(1)}={value.group(1)} is not allowed; expected {' or '.join(allowed)}"
 
 
-def _runs_root(trainer_config: Any) -> Path:
-    """The folder holding the ``version_N`` run folders: the logger's ``save_dir/name`` when a logger
-    is configured with them, else Lightning's default ``<default_root_dir>/lightning_logs``."""
-    root = Path(trainer_config.get("default_root_dir") or os.getcwd())
-    init_args = getattr(trainer_config.get("logger"), "init_args", None)
-    if init_args is None:
-        return root / "lightning_logs"
-    name = init_args.get("name", "lightning_logs")
-    return Path(init_args.get("save_dir") or root) / (name or "")
-
-
 @functools.cache
 def _register_once() -> None:
     """Make the template's strategies known to Lightning before any Trainer exists; every process a
@@ -298,6 +296,7 @@ def main(args: ArgsType = None) -> ProjectCLI:
     package_logger.setLevel(logging.INFO)
     package_logger.propagate = False
     _register_once()
+    silence_known_noise()
     # Parse errors raise instead of printing the whole usage, so they too come out as one line.
     raising = {"exit_on_error": False}
     try:

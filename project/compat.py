@@ -18,6 +18,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+# The text of Lightning's model summary from its columns: the template's summary leaves out the FLOPs
+# column when it holds only zeros (project/callbacks/quiet.py); ModelSummary.summarize has no option.
+format_model_summary = _format_summary_table
 
 # The registries' types, for the ``register_strategies``/``register_accelerators`` class methods.
 StrategyRegistryType = _StrategyRegistry

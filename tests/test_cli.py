@@ -187,7 +187,8 @@ def test_each_default_callback_can_be_switched_off(tiny_args: list[str], tmp_pat
     from project.callbacks.timing import TimingCallback
     from project.cli import DEFAULT_CALLBACKS
 
-    cli = main(["fit", *tiny_args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
+    shown = ["--trainer.enable_progress_bar=true", "--trainer.enable_model_summary=true"]  # tiny_args hide them
+    cli = main(["fit", *tiny_args, *shown, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
     on = {type(c) for c in cli.trainer.callbacks}
     assert set(DEFAULT_CALLBACKS.values()) <= on  # every one on by default
     off = main(

@@ -38,6 +38,9 @@ def test_every_private_name_exists_in_the_installed_lightning() -> None:
     assert hasattr(ddp.strategy.launcher, "procs")
     assert not compat.is_subprocess_script_launcher(trainer.strategy.launcher)
     assert isinstance(compat.xla_available(), bool)
+    # format_model_summary: Lightning's summary table from its totals and columns
+    table = compat.format_model_summary(10, 8, 0.5, {"train": 3, "eval": 1}, 0, ("Name", ["net"]), ("Params", ["10"]))
+    assert table.splitlines()[0].split() == ["Name", "|", "Params"] and table.endswith("Total Flops")
 
 
 def test_the_logging_names_exist_in_the_installed_lightning(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2

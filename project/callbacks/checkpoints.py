@@ -106,7 +106,7 @@ class CheckpointOnSignal(Callback):
             log.warning("Stopped by %s; no ModelCheckpoint folder to save into", signal.Signals(self.signum).name)
             return
         path = folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
-        trainer.save_checkpoint(path)  # on every rank: saving is collective under fsdp
+        trainer.save_checkpoint(path, weights_only=False)  # on every rank: saving is collective under fsdp
         log.warning(
             "Stopped by %s at epoch %d, step %d; saved %s. Resume with the same command and --ckpt_path=last",
             signal.Signals(self.signum).name,
@@ -139,9 +139,12 @@ class FinalCheckpoint(Callback):
             return
         if last_global_step_saved(checkpoint) == trainer.global_step:
             return  # saved at this step already
-        trainer.save_checkpoint(
-            Path(checkpoint.dirpath) / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
-        )
+        path = Path(checkpoint.dirpath) / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
+        # weights_only as ModelCheckpoint would (Lightning logs a line when it is not given)
+        trainer.save_checkpoint(path, weights_only=checkpoint.save_weights_only)
+        # ModelCheckpoint's own train-end save of a run that saved nothing before (no validation) then
+        # writes this same file, instead of a second one named last-v1.ckpt beside it.
+        checkpoint.last_model_path = str(path)
 
 
 def check_checkpoint_file(path: str | Path, num_classes: int | None = None) -> None:
@@ -197,6 +200,9 @@ def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False) -> st
         return str(last)
     state = torch.load(single_device_checkpoint(last), map_location="cpu", weights_only=False).get("callbacks", {})
     best = next((s.get("best_model_path") for k, s in state.items() if k.startswith("ModelCheckpoint")), None)
+    if best == "":  # ranked nothing: a run without validation (data.val_size=0) keeps last.ckpt only
+        log.warning("--ckpt_path=best: the run of %s ranked no checkpoint (no validation); using its last.ckpt", last)
+        return str(last)
     if not best or not Path(best).is_file():
         raise ProjectError(
             f"--ckpt_path=best: the run of {last} recorded no best checkpoint that still exists ({best!r})"

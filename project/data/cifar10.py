@@ -167,7 +167,8 @@ class CIFAR10DataModule(ImageArrayDataModule):
         num_workers: DataLoader worker processes per training process; ``None`` picks
             ``min(4, CPUs per process)``. Any number gives the same images: each image's
             augmentation depends only on (seed, epoch, image index).
-        val_size: Training images held out (a seeded random choice) for validation.
+        val_size: Training images held out (a seeded random choice) for validation; 0 trains on every
+            image, without validation.
         synthetic: Use random images and labels instead of files: no disk, no network.
         synthetic_size: Training-set size of the synthetic data (its test set is a fifth of it).
         split_seed: Seed of the validation split and of the synthetic data; kept apart from the

@@ -58,7 +58,8 @@ class ImageArrayDataModule(LightningDataModule):
         num_workers: DataLoader worker processes per training process; ``None`` picks
             ``min(4, CPUs per process)``. Any number gives the same images: each image's
             augmentation depends only on (seed, epoch, image index).
-        val_size: Training images held out (a seeded random choice) for validation.
+        val_size: Training images held out (a seeded random choice) for validation; 0 trains on every
+            image, without validation.
         synthetic: Use random images and labels instead of files: no disk, no network.
         synthetic_size: Training-set size of the synthetic data (its test set is a fifth of it).
         split_seed: Seed of the validation split and of the synthetic data; kept apart from the
@@ -91,7 +92,7 @@ class ImageArrayDataModule(LightningDataModule):
         for name, value, low in (
             ("image_size", image_size, 1),
             ("batch_size", batch_size, 1),
-            ("val_size", val_size, 1),
+            ("val_size", val_size, 0),  # 0: train on every image, no validation
             ("synthetic_size", synthetic_size, 2),
         ):
             if value < low:
@@ -148,10 +149,10 @@ class ImageArrayDataModule(LightningDataModule):
         size = self.hparams.image_size
         if stage in ("fit", "validate") and "train" not in self._datasets:
             images, labels = self._load(train=True)
-            if not 0 < self.hparams.val_size < len(images):
+            if not 0 <= self.hparams.val_size < len(images):
                 raise DataError(
-                    f"data.val_size={self.hparams.val_size} is not allowed: it must lie between 1 and "
-                    f"{len(images) - 1} (the data set has {len(images)} training images)"
+                    f"data.val_size={self.hparams.val_size} is not allowed: it must lie between 0 (no validation) "
+                    f"and {len(images) - 1} (the data set has {len(images)} training images)"
                 )
             order = np.random.default_rng(self.hparams.split_seed).permutation(len(images))
             val, train = order[: self.hparams.val_size], order[self.hparams.val_size :]
