@@ -171,12 +171,13 @@ class PipelineStrategy(DDPStrategy):
     # -- processes, data, timing -------------------------------------------------------------
 
     def setup_environment(self) -> None:
-        super().setup_environment()
-        if self.world_size < 2:
+        processes = self.num_nodes * self.num_processes  # known before any process group exists
+        if processes < 2:
             raise ProjectError(
                 f"--trainer.strategy=pipeline splits the network across 2 or more devices; this run has "
-                f"{self.world_size}: set --trainer.devices=2 (or more), or use a single-device strategy"
+                f"{processes}: set --trainer.devices=2 (or more), or use a single-device strategy"
             )
+        super().setup_environment()
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
