@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torchvision.models import mobilenet_v2, resnet18, resnet50
@@ -144,7 +143,8 @@ def _grads(module: nn.Module) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("frozen_batchnorm", [True, False], ids=["batchnorm-frozen", "batchnorm-training"])
 def test_micro_batches_give_the_gradients_of_the_batch_mean_loss_unless_batchnorm_trains(
-    one_process_group: object, frozen_batchnorm: bool  # noqa: F811 (the fixture)
+    one_process_group: object,  # noqa: F811 (the fixture, imported)
+    frozen_batchnorm: bool,
 ) -> None:
     """What ``micro_batches > 1`` changes, in a one-stage pipeline: the schedule divides the summed
     micro-batch gradients by their number, which is the gradient of the whole batch's mean loss, exactly
@@ -159,7 +159,9 @@ def test_micro_batches_give_the_gradients_of_the_batch_mean_loss_unless_batchnor
     nn.functional.cross_entropy(whole(images), labels).backward()
     losses: list[torch.Tensor] = []
     stage = PipelineStage(piped, 0, 1, torch.device("cpu"))
-    ScheduleGPipe(stage, n_microbatches=4, loss_fn=nn.functional.cross_entropy).step(images, target=labels, losses=losses)
+    ScheduleGPipe(stage, n_microbatches=4, loss_fn=nn.functional.cross_entropy).step(
+        images, target=labels, losses=losses
+    )
     assert len(losses) == 4
     close = all(torch.allclose(a, b, atol=1e-6) for a, b in zip(_grads(whole), _grads(piped), strict=True))
     assert close == frozen_batchnorm
@@ -204,14 +206,23 @@ def test_pipeline_runs_match_one_device_resume_exactly_and_serve_a_single_device
     pipeline += ["--trainer.devices=2"]
     single, piped, resumed = tmp_path / "single", tmp_path / "piped", tmp_path / "resumed"
     run_project("fit", *common, f"--trainer.default_root_dir={single}", *recorder_args(single / "rec"), cwd=tmp_path)
-    run_project("fit", *common, *pipeline, f"--trainer.default_root_dir={piped}", *recorder_args(piped / "rec"), cwd=tmp_path)
+    run_project(
+        "fit", *common, *pipeline, f"--trainer.default_root_dir={piped}", *recorder_args(piped / "rec"), cwd=tmp_path
+    )
     checkpoints = piped / "lightning_logs" / "version_0" / "checkpoints"
     first_epoch = next(checkpoints.glob("epoch000-*.ckpt"))
     run_project(
         "fit", *common, *pipeline, f"--trainer.default_root_dir={resumed}", f"--ckpt_path={first_epoch}", cwd=tmp_path
     )
     last = checkpoints / "last.ckpt"
-    run_project("test", *tiny_args, f"--trainer.default_root_dir={piped}", "--ckpt_path=last", *recorder_args(piped / "test"), cwd=tmp_path)
+    run_project(
+        "test",
+        *tiny_args,
+        f"--trainer.default_root_dir={piped}",
+        "--ckpt_path=last",
+        *recorder_args(piped / "test"),
+        cwd=tmp_path,
+    )
 
     # micro_batches=1 is the single-device computation, stage after stage: the same losses and weights,
     # up to float32 rounding (the processes run the same kernels on the same batches, but with their own

@@ -220,7 +220,9 @@ def format_table(report: dict[str, Any], stage: str) -> str:
             ("validation run", number(report["val_epoch_seconds_mean"], 2, " s")),
         ]
         if report.get("bubble_fraction"):  # a pipeline: each stage's share of its step time spent waiting
-            bubble = ", ".join(f"rank{r} {number(v, 1, ' %', scale=100)}" for r, v in enumerate(report["bubble_fraction"]))
+            bubble = ", ".join(
+                f"rank{r} {number(v, 1, ' %', scale=100)}" for r, v in enumerate(report["bubble_fraction"])
+            )
             rows.append(("pipeline bubble", bubble))
         memory = zip(report["peak_memory_devices"], report["peak_memory_mb"], strict=True)
     else:

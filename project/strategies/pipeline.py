@@ -155,9 +155,13 @@ class PipelineStrategy(DDPStrategy):
         process_group_backend: str | None = None,
     ) -> None:
         if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-            raise ProjectError(f"trainer.strategy.micro_batches={micro_batches!r} is not allowed: it must be an integer >= 1")
+            raise ProjectError(
+                f"trainer.strategy.micro_batches={micro_batches!r} is not allowed: it must be an integer >= 1"
+            )
         if schedule not in SCHEDULES:
-            raise ProjectError(f"trainer.strategy.schedule={schedule!r} is not a schedule; choose one of: {', '.join(SCHEDULES)}")
+            raise ProjectError(
+                f"trainer.strategy.schedule={schedule!r} is not a schedule; choose one of: {', '.join(SCHEDULES)}"
+            )
         super().__init__(process_group_backend=process_group_backend)
         self.micro_batches, self.schedule_name, self.split = micro_batches, schedule, split
         self.stage_blocks: list[str] = []  # this rank's blocks, by name
@@ -280,7 +284,9 @@ class PipelineStrategy(DDPStrategy):
         dist.broadcast(payload, src=self.world_size - 1)
         return payload[0], payload[1:].long()
 
-    def backward(self, closure_loss: torch.Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def backward(
+        self, closure_loss: torch.Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
         """Nothing left to do: the schedule's step ran the backward of every micro-batch already."""
         return closure_loss
 
