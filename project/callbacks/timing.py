@@ -28,6 +28,9 @@ What each figure is (``timing.json`` in the run folder holds them; ``docs/timing
 - work: the network's FLOPs per training and per inference sample, counted once
   (:mod:`project.measure.flops`), hence TFLOP/s achieved (all ranks) and, where the device's peak
   for the run's precision is known, MFU; ``null`` elsewhere (a CPU), never a guess;
+- pipeline bubble (``pipeline`` only): each rank's share of its step time spent waiting on the other
+  stages, measured by the strategy (its ``bubble_fraction``); a pipeline's samples are counted once,
+  though every stage sees them (its ``sample_copies``);
 - peak memory: CUDA's peak allocated memory of every GPU the process used; on CPU the process's
   peak resident set size; XLA's peak where the runtime reports it. Peaks are since the process
   started, so run fit and test as separate commands (as ``python -m project bench`` does).

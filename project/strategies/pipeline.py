@@ -28,9 +28,7 @@ optimizer, on the same schedule as the others. What happens where, for one train
 
 from __future__ import annotations
 
-import functools
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -45,6 +43,7 @@ from torch.optim import Optimizer
 from project.compat import StrategyRegistryType
 from project.errors import ProjectError
 from project.log import get_logger
+from project.measure.bubble import BubbleMeter
 from project.strategies.contract import check_module
 from project.strategies.stages import (
     block_costs,
@@ -58,74 +57,6 @@ log = get_logger(__name__)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]  # what activations may travel as
-
-
-class BubbleMeter:
-    """The measured pipeline bubble of one process: the share of its training steps' time (the schedule's
-    step: forward, backward and messages) in which its stage did NOT compute, i.e. waited for other stages.
-
-    Compute is the stage's ``forward_one_chunk`` and ``backward_one_chunk`` calls and the loss. On a CPU
-    host times; on CUDA events on the stream, read only when a fraction is asked for (at an epoch's end,
-    where the timing callback waits for the device anyway). The process's first step is left out: it also
-    exchanges the activations' shapes between the stages."""
-
-    def __init__(self, device: torch.device) -> None:
-        self._cuda = device.type == "cuda"
-        self._pending: list[tuple[Any, list[Any]]] = []  # (step interval, compute intervals) not read yet
-        self._compute: list[Any] = []
-        self._steps = 0
-        self.totals = {"epoch": [0.0, 0.0], "fit": [0.0, 0.0]}  # [step seconds, compute seconds]
-
-    def _mark(self) -> Any:
-        if self._cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def timed(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """``function`` with its calls counted as compute."""
-
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = self._mark()
-            result = function(*args, **kwargs)
-            self._compute.append((start, self._mark()))
-            return result
-
-        return wrapper
-
-    def step(self, run: Callable[[], Any]) -> Any:
-        """Run one training step of the schedule, timed."""
-        self._compute = []
-        start = self._mark()
-        result = run()
-        interval = (start, self._mark())
-        self._steps += 1
-        if self._steps > 1:
-            self._pending.append((interval, self._compute))
-        return result
-
-    def _seconds(self, interval: tuple[Any, Any]) -> float:
-        start, end = interval
-        if self._cuda:
-            end.synchronize()
-            return start.elapsed_time(end) / 1000
-        return end - start
-
-    def fraction(self, scope: str) -> float | None:
-        """The bubble over the steps of this epoch (``epoch``; starts the next epoch's count) or of the
-        whole fit (``fit``); None before any step was measured."""
-        for interval, compute in self._pending:
-            step, busy = self._seconds(interval), sum(self._seconds(c) for c in compute)
-            for totals in self.totals.values():
-                totals[0] += step
-                totals[1] += busy
-        self._pending = []
-        step, busy = self.totals[scope]
-        if scope == "epoch":
-            self.totals["epoch"] = [0.0, 0.0]
-        return max(0.0, 1.0 - busy / step) if step > 0 else None
 
 
 class PipelineStrategy(DDPStrategy):
@@ -170,18 +101,21 @@ class PipelineStrategy(DDPStrategy):
         self._schedule: Any = None
         self._full_keys: list[str] = []
         self._own_blocks: list[Any] = []
+        self._gradients: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = []
         self._meter: BubbleMeter | None = None
 
     # -- processes, data, timing -------------------------------------------------------------
 
-    def setup_environment(self) -> None:
-        processes = self.num_nodes * self.num_processes  # known before any process group exists
+    def set_world_ranks(self) -> None:
+        # The Trainer calls this as soon as it knows the devices: one device is refused here, before any
+        # process is started or any process group exists.
+        processes = self.num_nodes * self.num_processes
         if processes < 2:
             raise ProjectError(
                 f"--trainer.strategy=pipeline splits the network across 2 or more devices; this run has "
                 f"{processes}: set --trainer.devices=2 (or more), or use a single-device strategy"
             )
-        super().setup_environment()
+        super().set_world_ranks()
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
@@ -214,6 +148,12 @@ class PipelineStrategy(DDPStrategy):
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting:
             _check_training_settings(trainer, module, self.precision_plugin)
+            batch = getattr(trainer.datamodule, "hparams", {}).get("batch_size") if trainer.datamodule else None
+            if batch and batch % self.micro_batches:
+                raise ProjectError(
+                    f"data.batch_size={batch} does not split into trainer.strategy.micro_batches={self.micro_batches} "
+                    f"equal micro-batches; use a multiple of {self.micro_batches}"
+                )
         if self._stage_module is None:
             self._split(module, trainer)
         self.precision_plugin.convert_module(self.model)
@@ -267,6 +207,9 @@ class PipelineStrategy(DDPStrategy):
                 f"{self.micro_batches} equal micro-batches; use a data.batch_size that is a multiple of it "
                 "(with drop_last, every training batch then is)"
             )
+        parameters = [p for p in self._stage_module.parameters() if p.requires_grad]
+        for p in parameters:  # the stage accumulates into .grad: start from none
+            p.grad = None
         losses: list[torch.Tensor] = []
 
         def run() -> Any:
@@ -277,6 +220,8 @@ class PipelineStrategy(DDPStrategy):
             return self._schedule.step()
 
         logits = self._meter.step(run)
+        # Lightning zeroes the gradients between the training step and its backward: kept aside until then.
+        self._gradients = [(p, p.grad) for p in parameters]
         payload = torch.empty(1 + len(labels), device=self.root_device)
         if self.is_last:
             payload[0] = torch.stack([loss.detach() for loss in losses]).mean()
@@ -287,7 +232,10 @@ class PipelineStrategy(DDPStrategy):
     def backward(
         self, closure_loss: torch.Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any
     ) -> torch.Tensor:
-        """Nothing left to do: the schedule's step ran the backward of every micro-batch already."""
+        """The schedule's step ran the backward of every micro-batch already; its gradients go back in place."""
+        for p, grad in self._gradients:
+            p.grad = grad
+        self._gradients = []
         return closure_loss
 
     def _forward(self, images: torch.Tensor) -> torch.Tensor:
