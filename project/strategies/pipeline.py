@@ -21,6 +21,8 @@ optimizer, on the same schedule as the others. What happens where, for one train
 - BatchNorm normalises each micro-batch with that micro-batch's own statistics and updates its running
   statistics once per micro-batch: with ``micro_batches > 1`` training is not the same computation as on
   one device (smaller BatchNorm batches), only with ``micro_batches=1``;
+- dropout draws its masks on the last stage's process, from a random stream that the schedule's shape
+  inference (the first step of each process) also draws from: the same distribution, other masks;
 - checkpoints: every stage's ``state_dict`` is gathered on rank 0 under the full network's key names, one
   file a single device loads; the optimizer states are kept per stage, so the pipeline resumes exactly
   (with the same number of stages).
