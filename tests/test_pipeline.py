@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage
 from torchvision.models import mobilenet_v2, resnet18, resnet50
 
 from project.cli import main
 from project.errors import ProjectError
 from project.measure.bubble import BubbleMeter
 from project.strategies import PipelineStrategy
+from project.strategies.pipeline import SCHEDULES
 from project.strategies.stages import (
     block_costs,
     build_stage,
@@ -141,10 +142,12 @@ def _grads(module: nn.Module) -> list[torch.Tensor]:
     return [p.grad.clone() for p in module.parameters()]
 
 
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 @pytest.mark.parametrize("frozen_batchnorm", [True, False], ids=["batchnorm-frozen", "batchnorm-training"])
 def test_micro_batches_give_the_gradients_of_the_batch_mean_loss_unless_batchnorm_trains(
     one_process_group: object,  # noqa: F811 (the fixture, imported)
     frozen_batchnorm: bool,
+    schedule: str,
 ) -> None:
     """What ``micro_batches > 1`` changes, in a one-stage pipeline: the schedule divides the summed
     micro-batch gradients by their number, which is the gradient of the whole batch's mean loss, exactly
@@ -159,7 +162,7 @@ def test_micro_batches_give_the_gradients_of_the_batch_mean_loss_unless_batchnor
     nn.functional.cross_entropy(whole(images), labels).backward()
     losses: list[torch.Tensor] = []
     stage = PipelineStage(piped, 0, 1, torch.device("cpu"))
-    ScheduleGPipe(stage, n_microbatches=4, loss_fn=nn.functional.cross_entropy).step(
+    SCHEDULES[schedule](stage, n_microbatches=4, loss_fn=nn.functional.cross_entropy).step(
         images, target=labels, losses=losses
     )
     assert len(losses) == 4
