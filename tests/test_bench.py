@@ -84,13 +84,16 @@ def test_a_missing_matrix_file_is_one_line(tmp_path: Path, capsys) -> None:
 
 def test_the_presets_are_valid_matrices() -> None:
     seed = expand(bench.load_config(REPO / "configs" / "bench" / "seed.yaml"))
-    assert {c.strategy for c in seed} == {"single", "dp", "ddp", "fsdp", "deepspeed_stage_2"}
+    pipelines = {"pipeline-mb1", "pipeline-mb4", "pipeline-mb8"}  # model parallel, then pipelined
+    assert {c.strategy for c in seed} == {"single", "dp", "ddp", "fsdp", "deepspeed_stage_2", *pipelines}
+    assert {c.arch for c in seed if c.strategy in pipelines} == {"resnet50"}
     assert {c.arch for c in seed} == {"mobilenet_v2", "resnet50"} and {c.batch_size for c in seed} == {256, 512}
     gpu1 = expand(bench.load_config(REPO / "configs" / "bench" / "gpu1.yaml"))
     assert {c.devices for c in gpu1} == {1} and {c.variant for c in gpu1} == {"loader", "on_device"}
     assert {c.strategy for c in gpu1} == {"single", "ddp", "fsdp", "deepspeed_stage_2"}
     smoke = expand(bench.load_config(REPO / "configs" / "bench" / "cpu-smoke.yaml"))
-    assert {(c.strategy, c.devices) for c in smoke} == {("single", 1), ("ddp", 2), ("fsdp", 2)}
+    assert {(c.strategy, c.devices) for c in smoke} == {("single", 1), ("ddp", 2), ("fsdp", 2), ("pipeline-mb4", 2)}
+    assert [c.name for c in smoke if c.strategy.startswith("pipeline")] == ["pipeline-mb4-resnet50-b32-x2-32-true"]
 
 
 def test_every_cell_is_its_own_run_with_its_settings(tmp_path: Path) -> None:
@@ -391,6 +394,13 @@ def test_cpu_smoke_preset_writes_the_three_result_files(tmp_path: Path) -> None:
     for row in rows:
         assert row["status"] == "ok" or row["error"], row["cell"]
     assert f"python -m project bench --config {preset} --out {out}" in markdown
+    # the ResNet50 pipeline: each sample counted once, a measured bubble per stage, shown in the table
+    (pipeline,) = [r for r in rows if r["bench_strategy"] == "pipeline-mb4"]
+    assert pipeline["status"] == "ok", pipeline["error"]
+    bubble = json.loads(pipeline["bubble_fraction"])
+    assert len(bubble) == 2 and all(0 <= b < 1 for b in bubble)
+    assert [e["samples"] for e in json.loads(pipeline["epochs"])] == [6 * 32] * 3
+    assert " / ".join(f"{100 * b:.0f}" for b in bubble) in markdown and "| bubble % |" in markdown
 
     image = matplotlib.image.imread(out / "results.png")
     assert image.shape[0] > 300 and image.shape[1] > 300 and image.std() > 0

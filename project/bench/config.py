@@ -4,6 +4,9 @@
 Dimensions: strategies x archs x global batch sizes x device counts x precisions x variants. A
 variant is a named list of extra command-line options (e.g. ``on_device: [--data.on_device=true]``);
 without ``variants`` there is one unnamed variant with no options, and cell names do not show it.
+A strategy is a registered name (``ddp``, ``pipeline``, ...) or ``pipeline-mb<N>``: the pipeline with N
+micro-batches (``pipeline-mb1``: plain model parallelism). ``strategy_archs`` may restrict a strategy
+to some of the archs (``{pipeline-mb4: [resnet50]}``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,24 @@ from project.errors import ProjectError
 
 SINGLE = "single"  # the baseline: Lightning's default strategy on one device
 NAME = re.compile(r"[A-Za-z0-9_.-]+")  # what a variant may be called: it becomes part of a folder name
+PIPELINE_CELL = re.compile(r"pipeline-mb([1-9][0-9]*)")  # the pipeline with that many micro-batches
+
+
+def strategy_options(strategy: str) -> list[str]:
+    """The command-line options that select a cell's strategy.
+
+    >>> strategy_options("single"), strategy_options("ddp")
+    (['--trainer.strategy=auto'], ['--trainer.strategy=ddp'])
+    >>> strategy_options("pipeline-mb8")[1]
+    '--trainer.strategy.init_args.micro_batches=8'
+    """
+    match = PIPELINE_CELL.fullmatch(strategy)
+    if match:
+        return [
+            "--trainer.strategy.class_path=project.strategies.PipelineStrategy",
+            f"--trainer.strategy.init_args.micro_batches={match.group(1)}",
+        ]
+    return [f"--trainer.strategy={'auto' if strategy == SINGLE else strategy}"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +62,7 @@ class BenchConfig:
     args: list[str] = field(default_factory=list)
     timeout_minutes: float = 60.0
     variants: dict[str, list[str]] = field(default_factory=lambda: {"": []})
+    strategy_archs: dict[str, list[str]] = field(default_factory=dict)
 
     def variant_names(self) -> list[str]:
         """The variants as cells name them: ``[""]`` (not shown) when there is only one.
@@ -111,6 +133,10 @@ _RULES: dict[str, tuple[Any, str]] = {
         "a non-empty mapping of variant names (letters, digits, _ . -) to lists of command-line options, "
         "e.g. {loader: [], on_device: [--data.on_device=true]}",
     ),
+    "strategy_archs": (
+        lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_list_of(a, str) for k, a in v.items()),
+        "a mapping of strategy names to the archs they run for, e.g. {pipeline-mb4: [resnet50]}",
+    ),
 }
 _REQUIRED = ("strategies", "archs", "batch_sizes")
 
@@ -167,6 +193,8 @@ def expand(config: BenchConfig) -> list[Cell]:
             for precision in config.precision:
                 for variant in config.variant_names():
                     for strategy in config.strategies:
+                        if arch not in config.strategy_archs.get(strategy, [arch]):
+                            continue
                         counts = [1] if strategy == SINGLE else config.devices
                         cells += [Cell(strategy, arch, batch_size, n, precision, variant) for n in counts]
     return list(dict.fromkeys(cells))  # a strategy listed twice runs once

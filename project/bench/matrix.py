@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from project.bench.config import SINGLE, BenchConfig, Cell
+from project.bench.config import BenchConfig, Cell, strategy_options
 
 MARKER = "bench-cell.json"  # a cell's outcome, in its run folder
 
@@ -25,7 +25,7 @@ def cell_args(config: BenchConfig, cell: Cell, runs: Path) -> list[str]:
     ``lightning_logs/version_0`` is fixed as the TensorBoard run (so ``test`` adds to the run
     ``fit`` made, and ``--ckpt_path=last`` finds it), the preset's args and the cell's variant's."""
     args = [
-        f"--trainer.strategy={'auto' if cell.strategy == SINGLE else cell.strategy}",
+        *strategy_options(cell.strategy),
         f"--trainer.devices={cell.devices}",
         f"--trainer.accelerator={config.accelerator}",
         f"--trainer.precision={cell.precision}",

@@ -104,6 +104,12 @@ def _memory(row: dict[str, Any], prefix: str) -> str:
     return ", ".join(f"{label} {_num(mb, 0)}" for label, mb in pairs)
 
 
+def _bubble(row: dict[str, Any]) -> str:
+    """``62 / 8``: a pipeline's measured bubble of each rank (stage), in %; "–" for other strategies."""
+    values = row.get("bubble_fraction")
+    return " / ".join(_num(v, 0, 100) for v in values) if isinstance(values, list) and values else MISSING
+
+
 def _text(value: Any) -> str:
     """A value for a markdown cell: "–" for a missing one, no column breaks."""
     if value is None or value == "":
@@ -177,6 +183,7 @@ def write_markdown(
             _num(r.get("first_epoch_seconds"), 2),
             _pm(r.get("iteration_seconds_mean"), r.get("iteration_seconds_std"), 3),
             _num(r.get("data_wait_fraction"), 1, 100),
+            _bubble(r),
             _num(r.get("train_samples_per_second"), 1),
             _significant(r.get("train_tflops_per_second")),
             _num(r.get("mfu"), 1, 100),
@@ -206,7 +213,7 @@ def write_markdown(
     ]
     training_header = ["cell", "strategy", "arch", "global batch", "devices", "precision"]
     training_header += ["variant"] if variants else []
-    training_header += ["total s", "s/epoch", "first epoch s", "s/iteration", "data wait %", "samples/s"]
+    training_header += ["total s", "s/epoch", "first epoch s", "s/iteration", "data wait %", "bubble %", "samples/s"]
     training_header += ["TFLOP/s", "MFU %", "speed-up"]
     text = [
         f"# {title}",
@@ -217,7 +224,9 @@ def write_markdown(
         how,
         "Times are wall-clock seconds of the slowest rank with the device synchronised; the",
         "first epoch (warm-up) is shown apart and left out of the epoch mean ± std; the first iterations",
-        "are left out of the iteration statistics. Throughput counts the samples of all ranks. Speed-up:",
+        "are left out of the iteration statistics. Throughput counts the samples of all ranks, each once (a",
+        "pipeline's stages all see every sample). Bubble: each pipeline stage's share of its step time spent",
+        "waiting on the other stages, per rank (`pipeline-mb<N>`: N micro-batches; mb1: model parallel). Speed-up:",
         "the single-device cell's steady epoch time over this cell's (same arch, batch, precision"
         + (", variant)." if variants else ")."),
         "TFLOP/s: the network's FLOPs per training (inference) sample times samples/s, all ranks; MFU: that",

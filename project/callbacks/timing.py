@@ -28,6 +28,9 @@ What each figure is (``timing.json`` in the run folder holds them; ``docs/timing
 - work: the network's FLOPs per training and per inference sample, counted once
   (:mod:`project.measure.flops`), hence TFLOP/s achieved (all ranks) and, where the device's peak
   for the run's precision is known, MFU; ``null`` elsewhere (a CPU), never a guess;
+- pipeline bubble (``pipeline`` only): each rank's share of its step time spent waiting on the other
+  stages, measured by the strategy (its ``bubble_fraction``); a pipeline's samples are counted once,
+  though every stage sees them (its ``sample_copies``);
 - peak memory: CUDA's peak allocated memory of every GPU the process used; on CPU the process's
   peak resident set size; XLA's peak where the runtime reports it. Peaks are since the process
   started, so run fit and test as separate commands (as ``python -m project bench`` does).
@@ -140,9 +143,10 @@ class TimingCallback(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         records = self._gather(trainer, self._train.end_epoch(self._clock.wait()))
+        bubble = _gather_bubble(trainer, "epoch")
         if not trainer.is_global_zero:
             return
-        epoch = summarise_epoch(trainer.current_epoch, [r for r, _ in records])
+        epoch = summarise_epoch(trainer.current_epoch, [r for r, _ in records], _sample_copies(trainer))
         self._epochs.append(epoch)
         work = self._work(trainer, "train", epoch["samples_per_second"])
         metrics = {
@@ -155,10 +159,12 @@ class TimingCallback(Callback):
         }
         labels, memory = memory_entries([m for _, m in records], self._device.type)
         metrics.update({f"memory/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
+        metrics.update({f"time/bubble_fraction/rank{rank}": value for rank, value in enumerate(bubble or [])})
         _log_scalars(trainer, metrics, step=_epoch_end_step(trainer))
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         records = self._gather(trainer, self._train.fit_record(self._clock.wait(), self.warmup_iterations))
+        bubble = _gather_bubble(trainer, "fit")
         log_dir = trainer.log_dir  # every rank must ask: Lightning broadcasts it from rank 0
         if not trainer.is_global_zero:
             return
@@ -168,7 +174,10 @@ class TimingCallback(Callback):
         report = {**run_description(trainer, pl_module)}
         report.update({k: clean(v) if isinstance(v, float) else v for k, v in numbers.items()})
         report.update(peak_memory_mb=memory, peak_memory_devices=labels)
+        if bubble is not None:  # a pipeline: each stage's share of its step time spent waiting, per rank
+            report["bubble_fraction"] = [clean(v, 4) for v in bubble]
         scalars = {f"time/summary/{k}": v for k, v in report.items() if isinstance(v, float)}
+        scalars.update({f"time/summary/bubble_fraction/rank{r}": v for r, v in enumerate(bubble or [])})
         scalars.update({f"memory/summary/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
         self._publish(trainer, log_dir, report, scalars, step=_epoch_end_step(trainer), title="fit")
 
@@ -211,7 +220,8 @@ class TimingCallback(Callback):
         if not trainer.is_global_zero:
             return
         labels, memory = memory_entries([m for _, m in records], self._device.type)
-        report = {**run_description(trainer, pl_module), **summarise_inference(stage, [r for r, _ in records])}
+        summary = summarise_inference(stage, [r for r, _ in records], _sample_copies(trainer))
+        report = {**run_description(trainer, pl_module), **summary}
         work = self._work(trainer, "inference", report[f"{stage}_samples_per_second"])
         report.update({f"{stage}_tflops_per_second": work["inference_tflops_per_second"], f"{stage}_mfu": work["mfu"]})
         report.update({f"{stage}_peak_memory_mb": memory, f"{stage}_peak_memory_devices": labels})
@@ -281,6 +291,22 @@ def _count_flops(trainer: Trainer, pl_module: LightningModule) -> dict[str, floa
     if key not in _FLOPS_OF:
         _FLOPS_OF[key] = flops.model_flops_per_sample(net, image_size, channels_last=channels_last)
     return _FLOPS_OF[key]
+
+
+def _sample_copies(trainer: Trainer) -> int:
+    """How many ranks see each sample: 1, or every stage of a pipeline (which then counts it once)."""
+    return getattr(trainer.strategy, "sample_copies", 1)
+
+
+def _gather_bubble(trainer: Trainer, scope: str) -> list[float] | None:
+    """Every rank's measured pipeline bubble over the epoch or the fit (the strategy's
+    ``bubble_fraction``), None for a strategy without one; a collective where there is one."""
+    measure = getattr(trainer.strategy, "bubble_fraction", None)
+    if measure is None:
+        return None
+    value = measure(scope)
+    local = torch.tensor([math.nan if value is None else value], device=trainer.strategy.root_device)
+    return [float(v) for v in trainer.strategy.all_gather(local).reshape(-1).cpu()]
 
 
 def _device_peak_tflops(device: torch.device, precision: str) -> float | None:

@@ -133,7 +133,16 @@ class ImageArrayDataModule(LightningDataModule):
 
     @property
     def world_size(self) -> int:
-        return self.trainer.world_size if self.trainer is not None else 1
+        """The processes that split each batch between them: every process, unless the strategy shows
+        each sample to several (``sample_copies``: every stage of ``pipeline`` reads the whole batch)."""
+        return self._replica()[0]
+
+    def _replica(self) -> tuple[int, int]:
+        """``(replicas, this process's replica)``: how the batches are dealt out."""
+        if self.trainer is None:
+            return 1, 0
+        copies = getattr(self.trainer.strategy, "sample_copies", 1)
+        return self.trainer.world_size // copies, self.trainer.global_rank // copies
 
     @property
     def per_process_batch_size(self) -> int:
@@ -214,8 +223,7 @@ class ImageArrayDataModule(LightningDataModule):
         dataset: Dataset = self._datasets[split]
         if self.hparams.on_device:  # indices only: on_after_batch_transfer makes them images
             dataset = AugmentKeys(len(dataset)) if train else Indices(len(dataset))
-        world = self.world_size
-        rank = self.trainer.global_rank if self.trainer is not None else 0
+        world, rank = self._replica()
         workers = self.num_workers
         on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         pin = on_cuda and not self.hparams.on_device  # index batches are too small to gain from it

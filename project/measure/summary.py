@@ -114,14 +114,17 @@ def memory_entries(memories: list[Memory], device_type: str) -> tuple[list[str],
     return labels, values
 
 
-def summarise_epoch(epoch: int, records: list[EpochRecord]) -> dict[str, Any]:
-    """One epoch across ranks: the slowest rank's times, every rank's samples.
+def summarise_epoch(epoch: int, records: list[EpochRecord], sample_copies: int = 1) -> dict[str, Any]:
+    """One epoch across ranks: the slowest rank's times, every rank's samples, each counted once
+    where ``sample_copies`` ranks see every sample (the stages of a pipeline).
 
     >>> summarise_epoch(3, [EpochRecord(2.0, 100, 0.2, 0.5), EpochRecord(2.5, 100, 0.1, 0.4)])["samples_per_second"]
     80.0
+    >>> summarise_epoch(3, [EpochRecord(2.0, 100, 0.2, 0.5), EpochRecord(2.5, 100, 0.1, 0.4)], 2)["samples_per_second"]
+    40.0
     """
     seconds = max(r.seconds for r in records)
-    samples = int(sum(r.samples for r in records))
+    samples = int(sum(r.samples for r in records) / sample_copies)
     return {
         "epoch": epoch,
         "seconds": seconds,
@@ -166,13 +169,13 @@ def summarise_fit(epochs: list[dict[str, Any]], records: list[FitRecord]) -> dic
     }
 
 
-def summarise_inference(stage: str, records: list[InferenceRecord]) -> dict[str, Any]:
-    """Test or predict numbers: the slowest rank's latencies, the samples of all ranks over the
-    slowest rank's compute time."""
+def summarise_inference(stage: str, records: list[InferenceRecord], sample_copies: int = 1) -> dict[str, Any]:
+    """Test or predict numbers: the slowest rank's latencies, the samples of all ranks (each counted
+    once where ``sample_copies`` ranks see every sample) over the slowest rank's compute time."""
     slowest = _slowest(records, "latency_mean")
     latencies = (slowest.latency_mean, slowest.latency_std, slowest.latency_p50, slowest.latency_p90)
     seconds = max(r.seconds for r in records)
-    samples = sum(r.samples for r in records)
+    samples = sum(r.samples for r in records) / sample_copies
     return {
         f"{stage}_batch_latency_ms": {
             k: clean(v * 1000, 3) for k, v in zip(STATS, (*latencies, slowest.latency_p99), strict=True)
@@ -216,6 +219,11 @@ def format_table(report: dict[str, Any], stage: str) -> str:
             ("work", _work(report.get("train_tflops_per_second"), report.get("mfu"))),
             ("validation run", number(report["val_epoch_seconds_mean"], 2, " s")),
         ]
+        if report.get("bubble_fraction"):  # a pipeline: each stage's share of its step time spent waiting
+            bubble = ", ".join(
+                f"rank{r} {number(v, 1, ' %', scale=100)}" for r, v in enumerate(report["bubble_fraction"])
+            )
+            rows.append(("pipeline bubble", bubble))
         memory = zip(report["peak_memory_devices"], report["peak_memory_mb"], strict=True)
     else:
         latency = report[f"{stage}_batch_latency_ms"]

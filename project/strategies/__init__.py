@@ -3,6 +3,7 @@
 - ``dp``: DataParallel, one process, the network replicated on every GPU each step;
 - ``dp_balanced``: the same, with the loss computed inside each replica;
 - ``fsdp``: FSDP2 (``fully_shard``) per block, on CPUs (gloo) as well as GPUs;
+- ``pipeline``: the network split into one stage per process, micro-batches pipelined (1: model parallel);
 - ``single_xla``: Lightning's one-XLA-device strategy, with a default device so the name works;
 - ``xla_cpu`` (an accelerator): torch_xla's CPU device standing in for a TPU.
 
@@ -20,11 +21,13 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from project.strategies.dp import DataParallelStrategy
 from project.strategies.fsdp import FullyShardedStrategy
+from project.strategies.pipeline import PipelineStrategy
 from project.strategies.xla import SingleXLAStrategy, XLACPUAccelerator
 
 __all__ = [
     "DataParallelStrategy",
     "FullyShardedStrategy",
+    "PipelineStrategy",
     "SingleXLAStrategy",
     "XLACPUAccelerator",
     "leave_gloo_process_group",
@@ -34,15 +37,16 @@ __all__ = [
 
 
 def register_strategies() -> None:
-    """Make ``--trainer.strategy=dp|dp_balanced|fsdp|single_xla`` and ``--trainer.accelerator=xla_cpu``
+    """Make ``--trainer.strategy=dp|dp_balanced|fsdp|pipeline|single_xla`` and ``--trainer.accelerator=xla_cpu``
     known to Lightning (safe to call again).
 
     >>> register_strategies()
-    >>> {"dp", "dp_balanced", "fsdp", "single_xla"} <= set(StrategyRegistry.available_strategies())
+    >>> {"dp", "dp_balanced", "fsdp", "pipeline", "single_xla"} <= set(StrategyRegistry.available_strategies())
     True
     """
     DataParallelStrategy.register_strategies(StrategyRegistry)
     FullyShardedStrategy.register_strategies(StrategyRegistry)
+    PipelineStrategy.register_strategies(StrategyRegistry)
     SingleXLAStrategy.register_strategies(StrategyRegistry)
     XLACPUAccelerator.register_accelerators(AcceleratorRegistry)
 

@@ -7,13 +7,17 @@ this template adds reach into the module, through these attributes only:
 
 ====================  =============================================================================
 ``net``               the network, an ``nn.Module``: ``dp`` wraps it in ``nn.DataParallel``, ``fsdp``
-                      shards it block by block (:data:`project.strategies.fsdp.SHARDED_BLOCKS`)
-``criterion``         the loss, an ``nn.Module`` called as ``criterion(logits, labels)``: ``dp_balanced``
-                      computes it inside each replica
+                      shards it block by block (:data:`project.strategies.fsdp.SHARDED_BLOCKS`),
+                      ``pipeline`` splits it into stages (:mod:`project.strategies.stages`)
+``criterion``         the loss, an ``nn.Module`` called as ``criterion(logits, labels)``, a mean:
+                      ``dp_balanced`` computes it inside each replica, ``pipeline`` on its last stage
+                      per micro-batch
 ``prepare_images``    ``images -> images``, what ``forward`` does before calling ``net`` (the memory
-                      format): ``dp_balanced`` calls it before its own call of ``net``
+                      format): ``dp_balanced`` and ``pipeline`` call it before their own calls of ``net``
 ``training_loss``     ``(images, labels) -> (mean loss, predicted classes)``, used by the module's
-                      ``training_step``: ``dp_balanced`` replaces it on the instance while it runs
+                      ``training_step``: ``dp_balanced`` and ``pipeline`` replace it on the instance while
+                      they run (``pipeline`` also replaces ``forward``, which must be
+                      ``net(prepare_images(images))``, for evaluation)
 ====================  =============================================================================
 
 :class:`project.model.ImageClassifier` has all of them.
@@ -33,12 +37,13 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "dp": ("net",),
     "dp_balanced": ("net", "criterion", "prepare_images", "training_loss"),
     "fsdp": ("net",),
+    "pipeline": ("net", "criterion", "prepare_images", "training_loss"),
 }
 
 
 @runtime_checkable
 class ParallelizableModule(Protocol):
-    """A LightningModule that ``dp``, ``dp_balanced`` and ``fsdp`` can run (see the module's table)."""
+    """A LightningModule that ``dp``, ``dp_balanced``, ``fsdp`` and ``pipeline`` can run (see the module's table)."""
 
     net: nn.Module
     criterion: nn.Module
