@@ -365,6 +365,10 @@ def test_strategy_config_files_compose_with_the_default_config(capsys: pytest.Ca
             "class_path": "project.strategies.FullyShardedStrategy",
             "init_args": {"save_distributed_checkpoint": False},
         },
+        "pipeline": {
+            "class_path": "project.strategies.PipelineStrategy",
+            "init_args": {"micro_batches": 4, "schedule": "gpipe", "split": None, "process_group_backend": None},
+        },
         "tpu": "xla",
         "xla_cpu": "single_xla",
     }

@@ -70,9 +70,14 @@ def metrics(out: Path, stage: str, split: str) -> dict[str, float]:
     return {k: v for k, v in recorded(out, stage)["metrics"].items() if k in (f"{split}/acc", f"{split}/loss")}
 
 
+# Every strategy with MobileNetV2; with ResNet50 the two whose handling of its blocks is their own (fsdp
+# shards each Bottleneck, dp replicates the network). Single device and ddp train and test ResNet50 in
+# tests/test_bench.py's smoke preset (CI time: each of these runs costs 40-60 s).
+ARCH_RUNS = [(strategy, "mobilenet_v2") for strategy in STRATEGIES] + [("dp", "resnet50"), ("fsdp", "resnet50")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["mobilenet_v2", "resnet50"])
-@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize(("strategy", "arch"), ARCH_RUNS, ids=[f"{s}-{a}" for s, a in ARCH_RUNS])
 def test_fit_validate_test(strategy: str, arch: str, tiny_args: list[str], cifar_root: Path, tmp_path: Path) -> None:
     strategy_args, world = STRATEGIES[strategy]
     # 41 validation images do not split evenly across 2 processes: fsdp must still not hang

@@ -29,7 +29,7 @@ def format_duration(seconds: float) -> str:
     """
     if seconds < 60:
         return f"{seconds:.0f} s"
-    minutes = round(seconds / 60)
+    minutes = int(seconds / 60 + 0.5)  # half up: round() rounds 2.5 to 2
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 

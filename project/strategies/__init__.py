@@ -57,7 +57,7 @@ def name_help() -> dict[str, str]:
 
     >>> register_strategies()
     >>> name_help()["--trainer.strategy"]  # doctest: +ELLIPSIS
-    "Names: this template's dp, dp_balanced, fsdp, single_xla (docs/strategies.md); Lightning's auto, ddp, ..."
+    "Names: this template's dp, dp_balanced, fsdp, pipeline, single_xla (docs/strategies.md); Lightning's auto, ..."
     """
     texts = {}
     for option, registry, key, lightning_names in (
