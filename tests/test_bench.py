@@ -355,7 +355,13 @@ def test_a_failing_cell_is_recorded_and_a_finished_one_not_run_again(tmp_path: P
 
 @pytest.mark.slow
 def test_cpu_smoke_preset_writes_the_three_result_files(tmp_path: Path) -> None:
-    preset = REPO / "configs" / "bench" / "cpu-smoke.yaml"
+    # The preset with its settings and options, but (CI time: the whole preset takes 330 s) three of its
+    # seven cells and half its batches: single device and ddp with MobileNetV2, the ResNet50 pipeline.
+    # fsdp runs in tests/test_strategy_runs.py; the full preset's results are benchmarks/results/cpu-smoke.
+    settings = yaml.safe_load((REPO / "configs" / "bench" / "cpu-smoke.yaml").read_text())
+    settings["strategy_archs"] = {"single": ["mobilenet_v2"], "ddp": ["mobilenet_v2"], "pipeline-mb4": ["resnet50"]}
+    settings.update(strategies=["single", "ddp", "pipeline-mb4"], limit_train_batches=3, limit_test_batches=3)
+    preset = write_config(tmp_path / "cpu-smoke.yaml", settings)
     out = tmp_path / "smoke"
     result = subprocess.run(
         [sys.executable, "-m", "project", "bench", "--config", str(preset), "--out", str(out)],
@@ -371,7 +377,7 @@ def test_cpu_smoke_preset_writes_the_three_result_files(tmp_path: Path) -> None:
     rows = read_csv(out / "results.csv")
     assert [r["cell"] for r in rows] == [c.name for c in cells]
     measured = [r for r in rows if r["bench_strategy"] in ("single", "ddp")]  # fsdp may or may not run on CPU
-    assert len(measured) == 4
+    assert len(measured) == 2
     markdown = (out / "results.md").read_text()
     for row in measured:
         assert row["status"] == "ok", row["error"]
@@ -399,7 +405,7 @@ def test_cpu_smoke_preset_writes_the_three_result_files(tmp_path: Path) -> None:
     assert pipeline["status"] == "ok", pipeline["error"]
     bubble = json.loads(pipeline["bubble_fraction"])
     assert len(bubble) == 2 and all(0 <= b < 1 for b in bubble)
-    assert [e["samples"] for e in json.loads(pipeline["epochs"])] == [6 * 32] * 3
+    assert [e["samples"] for e in json.loads(pipeline["epochs"])] == [3 * 32] * 3
     assert " / ".join(f"{100 * b:.0f}" for b in bubble) in markdown and "| bubble % |" in markdown
 
     image = matplotlib.image.imread(out / "results.png")
