@@ -6,6 +6,10 @@ value and say what is allowed, because it is all the user will see: no traceback
 Anything else is a bug and keeps its traceback.
 """
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class ProjectError(Exception):
     """An error caused by input the user can change; its message is shown without a traceback."""
@@ -13,3 +17,14 @@ class ProjectError(Exception):
 
 class DataError(ProjectError):
     """The data set is missing, incomplete, corrupted or cannot be split as asked."""
+
+
+@contextmanager
+def exit_on_project_error() -> Iterator[None]:
+    """Turn a :class:`ProjectError` raised inside into its one ``error:`` line and exit status 2 (the
+    ``bench`` and ``compare`` commands; the trainer commands do the same in :func:`project.cli.main`)."""
+    try:
+        yield
+    except ProjectError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -31,7 +31,7 @@ from project.bench.config import SINGLE, BenchConfig, Cell, expand, load_config
 from project.bench.matrix import MARKER, cell_args, collect, run_cell, run_folder, run_matrix
 from project.bench.report import environment_section, speedups, write_csv, write_markdown
 from project.entry import OneLineParser
-from project.errors import ProjectError
+from project.errors import ProjectError, exit_on_project_error
 
 __all__ = [
     "MARKER",
@@ -100,8 +100,5 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[2:] if argv is None else argv
     args = parse_args(argv)
     command = shlex.join(["python", "-m", "project", "bench", *argv])
-    try:
+    with exit_on_project_error():
         bench(args.config, args.out, command)
-    except ProjectError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None

@@ -23,7 +23,7 @@ from project.bench.chart import write_chart
 from project.bench.config import SINGLE
 from project.bench.report import write_csv, write_markdown
 from project.entry import OneLineParser
-from project.errors import ProjectError
+from project.errors import ProjectError, exit_on_project_error
 
 COMPARE_HELP = "Compare finished runs: their timing.json files into results.{csv,md,png}, as bench writes them."
 TIMING = "timing.json"
@@ -114,8 +114,5 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of ``python -m project compare``; ``argv`` replaces ``sys.argv[2:]`` (for tests)."""
     argv = sys.argv[2:] if argv is None else argv
     args = parse_args(argv)
-    try:
+    with exit_on_project_error():
         compare(args.run_dirs, args.out, shlex.join(["python", "-m", "project", "compare", *argv]))
-    except ProjectError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None

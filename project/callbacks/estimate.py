@@ -12,6 +12,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 
+from project.data.datamodule import data_settings
 from project.log import get_logger
 
 log = get_logger(__name__)
@@ -80,7 +81,7 @@ def estimate_line(trainer: Trainer, seconds_per_step: float, min_minutes: float)
     if seconds < 60 * min_minutes:
         return None
     faster = []
-    image_size = getattr(trainer.datamodule, "hparams", {}).get("image_size") if trainer.datamodule else None
+    image_size = data_settings(trainer).get("image_size")
     if image_size and image_size > SMALL_IMAGE_SIZE:
         fewer = (image_size / SMALL_IMAGE_SIZE) ** 2
         faster.append(f"--data.image_size={SMALL_IMAGE_SIZE} ({fewer:.0f}x fewer pixels per image)")

@@ -56,6 +56,7 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from torch import nn
 
 from project.compat import lightning_log_step
+from project.data.datamodule import data_settings
 from project.errors import ProjectError
 from project.measure import flops
 from project.measure.devices import DeviceClock, HostClock, device_clock, peak_memory_mb
@@ -282,7 +283,7 @@ def _count_flops(trainer: Trainer, pl_module: LightningModule) -> dict[str, floa
     None where either is unknown (a module without ``net``, data without ``image_size``). Rank 0
     only: it alone reports them."""
     net = getattr(pl_module, "net", None)
-    image_size = getattr(trainer.datamodule, "hparams", {}).get("image_size") if trainer.datamodule else None
+    image_size = data_settings(trainer).get("image_size")
     if not trainer.is_global_zero or not isinstance(net, nn.Module) or not image_size:
         return None
     channels_last = bool(pl_module.hparams.get("channels_last"))
@@ -339,7 +340,7 @@ def _short_name(obj: object, suffix: str) -> str:
 
 def run_description(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
     """What was run: the settings a reader needs to compare two ``timing.json`` files."""
-    datamodule_hparams = getattr(trainer.datamodule, "hparams", {}) if trainer.datamodule is not None else {}
+    datamodule_hparams = data_settings(trainer)
     return {
         "strategy": _short_name(trainer.strategy, "Strategy"),
         "accelerator": _short_name(trainer.accelerator, "Accelerator"),

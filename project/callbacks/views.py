@@ -24,6 +24,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from project.callbacks.timing import TimingCallback, run_description
 from project.compat import drop_placeholder_hp_metric, lightning_log_step
+from project.data.datamodule import data_settings
 
 # Category title -> chart title -> the tags (regular expressions) it overlays.
 LAYOUT: dict[str, dict[str, list[str]]] = {
@@ -112,7 +113,7 @@ def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
     """The columns of the HPARAMS tab: the model's and the data's hyperparameters, how the run was
     spread (strategy, devices, precision, ...) and its length."""
     params = run_description(trainer, pl_module)  # arch, image and batch size among them, unprefixed
-    data = getattr(trainer.datamodule, "hparams", {}) if trainer.datamodule is not None else {}
+    data = data_settings(trainer)
     for name, value in [*pl_module.hparams.items(), *data.items()]:
         if not name.startswith("_"):  # LightningCLI's bookkeeping (_instantiator), not a setting
             params.setdefault(name, value)

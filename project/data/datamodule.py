@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -303,3 +304,9 @@ class ImageArrayDataModule(LightningDataModule):
             images, labels = self._on_device["test" if self.trainer.testing or self.trainer.predicting else "val"]
             batch = to_model_input(images[batch], size), labels[batch]
         return self.trainer.precision_plugin.convert_input(batch)
+
+
+def data_settings(trainer: Any) -> Mapping[str, Any]:
+    """The settings of ``trainer``'s data module (its hparams: ``image_size``, ``batch_size``, ...);
+    empty for a Trainer given dataloaders instead of a data module."""
+    return getattr(trainer.datamodule, "hparams", {}) if trainer.datamodule is not None else {}

@@ -43,6 +43,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.optim import Optimizer
 
 from project.compat import StrategyRegistryType
+from project.data.datamodule import data_settings
 from project.errors import ProjectError
 from project.log import get_logger
 from project.measure.bubble import BubbleMeter
@@ -150,7 +151,7 @@ class PipelineStrategy(DDPStrategy):
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting:
             _check_training_settings(trainer, module, self.precision_plugin)
-            batch = getattr(trainer.datamodule, "hparams", {}).get("batch_size") if trainer.datamodule else None
+            batch = data_settings(trainer).get("batch_size")
             if batch and batch % self.micro_batches:
                 raise ProjectError(
                     f"data.batch_size={batch} does not split into trainer.strategy.micro_batches={self.micro_batches} "
@@ -178,7 +179,7 @@ class PipelineStrategy(DDPStrategy):
         """Plan the stages, keep this rank's blocks in the network and release the others."""
         net = module.net
         blocks = network_blocks(net, str(module.hparams.get("arch", "")))
-        image_size = getattr(trainer.datamodule, "hparams", {}).get("image_size") if trainer.datamodule else None
+        image_size = data_settings(trainer).get("image_size")
         costs = block_costs(net, blocks, image_size)
         plan = plan_split(blocks, costs, self.world_size, self.split)
         names = [b.name for b in blocks]
