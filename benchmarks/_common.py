@@ -10,7 +10,7 @@ workers, pinning): the input pipeline is measured on its own (``python -m benchm
 comparison is about the loop around it.
 
 Both sides are timed at the same instants: the template by one extra callback,
-:class:`project.measure.stamps.StepStamps` (a ``perf_counter()`` per batch, microseconds), the
+:class:`project.toolkit.measure.stamps.StepStamps` (a ``perf_counter()`` per batch, microseconds), the
 plain loops by the same calls in their code, after waiting for the device where it runs
 asynchronously. The figures are medians of per-step times:
 
@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from project.measure.environment import machine_description
-from project.measure.tables import markdown_table, text_table
+from project.toolkit.measure.environment import machine_description
+from project.toolkit.measure.tables import markdown_table, text_table
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "perf"
@@ -143,7 +143,7 @@ def run(command: list[str], threads: int) -> None:
 def template(stage: str, setup: Setup, folder: Path, threads: int, batch_size: int | None = None) -> dict[str, Any]:
     """``python -m project <stage>`` with the template's defaults and ``setup`` (evaluating in
     batches of ``batch_size``), writing into ``folder``; returns its ``timing.json``, with the
-    :class:`~project.measure.stamps.StepStamps` under ``"clock"``."""
+    :class:`~project.toolkit.measure.stamps.StepStamps` under ``"clock"``."""
     folder.mkdir(parents=True, exist_ok=True)
     clock = folder / "clock.json"
     command = [
@@ -153,7 +153,7 @@ def template(stage: str, setup: Setup, folder: Path, threads: int, batch_size: i
         stage,
         *setup.cli_args(batch_size),
         f"--trainer.default_root_dir={folder}",
-        "--trainer.callbacks+=project.measure.stamps.StepStamps",
+        "--trainer.callbacks+=project.toolkit.measure.stamps.StepStamps",
         f"--trainer.callbacks.path={clock}",
     ]
     run(command, threads)

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from project.bench.matrix import project_command, run_in_own_session
+from project.toolkit.bench.matrix import project_command, run_in_own_session
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -403,7 +403,7 @@ def write_report(
 ) -> tuple[Path, Path]:
     """``gpu-check.md`` and ``gpu-check.json`` in ``out``: the environment, one row per path (pass, fail or
     skip, with its figures), the timing cost, and the last lines of each failing command."""
-    from project.measure.tables import (  # imports the project (and Lightning): only when reporting
+    from project.toolkit.measure.tables import (  # imports the project (and Lightning): only when reporting
         markdown_table,
         number,
     )
@@ -542,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if line is not None:
         print(line)
         return 0
-    from project.measure.environment import run_environment  # imports Lightning: not needed without a GPU
+    from project.toolkit.measure.environment import run_environment  # imports Lightning: not needed without a GPU
 
     environment = run_environment()
     names = select(args.paths.split(",") if args.paths else None)

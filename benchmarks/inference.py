@@ -10,7 +10,7 @@ times. Each side's best repeat is compared -- disturbances on a shared machine o
 down. Both sides leave the first 3 batches out (the TimingCallback's ``warmup_iterations``).
 
 Both sides are stamped at the same instants (the template by the observer callback
-``project.measure.stamps.StepStamps``, at its ``on_*_batch_start`` / ``on_*_batch_end`` hooks):
+``project.toolkit.measure.stamps.StepStamps``, at its ``on_*_batch_start`` / ``on_*_batch_end`` hooks):
 
 - throughput (images/s), for ``test`` and ``predict``: the batch size over the median step cycle,
   end of one batch to the end of the next, so everything between batches counts too: loading, the
@@ -47,7 +47,7 @@ from benchmarks._common import (
     spread,
     template,
 )
-from project.measure.tables import number
+from project.toolkit.measure.tables import number
 
 GOAL = 0.98
 WARMUP_BATCHES = 3  # the TimingCallback's default warmup_iterations

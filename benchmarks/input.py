@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from benchmarks._common import Setup, common_arguments, machine, publish, template
-from project.measure.tables import number
+from project.toolkit.measure.tables import number
 
 GOAL = 0.05
 LOADER_BATCH = 256

@@ -51,7 +51,7 @@ from benchmarks._common import (
     steady_step_cycle,
     template,
 )
-from project.measure.tables import number
+from project.toolkit.measure.tables import number
 
 GOAL = 0.98
 # Each case's epoch is a few seconds of compute on one CPU core: long enough for a few step cycles,

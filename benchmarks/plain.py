@@ -1,7 +1,7 @@
 """The plain PyTorch loops the template is compared with: the training and evaluation loops a careful
 user writes (:func:`plain_fit`, :func:`plain_infer`), on the same data module, network, optimizer
 and schedule as the template, stamped at the same instants as
-:class:`project.measure.stamps.StepStamps` stamps the template.
+:class:`project.toolkit.measure.stamps.StepStamps` stamps the template.
 
 Each runs in a fresh process of its own, started by :func:`benchmarks._common.plain_fit_run` or
 :func:`~benchmarks._common.plain_infer_run` as ``python -m benchmarks.plain fit|infer '<json list>'
@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from benchmarks._common import SEED, Setup
-from project.measure.devices import SyncingClock, synchronizer
+from project.toolkit.measure.devices import SyncingClock, synchronizer
 
 
 def build_net(setup: Setup, device: torch.device) -> nn.Module:
@@ -58,7 +58,7 @@ def plain_fit(setup: Setup, out: Path) -> dict[str, Any]:
     batch under ``inference_mode`` before training and after every epoch, and a checkpoint (model,
     optimizer, schedule) every epoch.
 
-    Besides its stamps (under ``"clock"``, in the layout of :class:`~project.measure.stamps.StepStamps`)
+    Besides its stamps (under ``"clock"``, in the layout of :class:`~project.toolkit.measure.stamps.StepStamps`)
     it returns ``epochs`` as ``timing.json`` has them: seconds from the epoch's start to its last step
     (validation and the checkpoint come after) and images.
     """

@@ -1,6 +1,22 @@
-"""``python -m project fit|validate|test|predict|bench|compare ...``: :func:`project.entry.main`."""
+"""``python -m project fit|validate|test|predict|bench|compare ...``: the toolkit's command line, with
+this template's LightningModule and its default data set (``--data=package.module.Class`` picks another).
+Named by dotted path, so ``--help``, ``bench`` and ``compare`` answer without importing torch."""
 
-from project.entry import main
+from __future__ import annotations
+
+from typing import Any
+
+from project.toolkit.entry import main as toolkit_main
+
+MODEL = "project.model.ImageClassifier"
+DEFAULT_DATA = "project.data.CIFAR10DataModule"
+
+
+def main(args: list[str] | None = None) -> Any:
+    """``python -m project``; ``args`` replaces ``sys.argv[1:]`` (for tests). Returns the LightningCLI
+    of a trainer command."""
+    return toolkit_main(args, model=MODEL, data=DEFAULT_DATA)
+
 
 if __name__ == "__main__":
     main()

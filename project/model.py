@@ -3,7 +3,7 @@ cosine schedule and cross-entropy, as in the material the template is built from
 
 The module is the same under every strategy and names none of them: what the template's own
 strategies need of it -- the network in ``net``, the loss in ``criterion``, ... -- is the
-small contract of :mod:`project.strategies.contract`, which they check and use.
+small contract of :mod:`project.toolkit.strategies.contract`, which they check and use.
 
 The training and evaluation steps never read a device value on the host: on an accelerator such a
 read waits for every queued kernel and leaves the device idle while the host prepares the next step.
@@ -23,9 +23,9 @@ from torch.nn import functional as F
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from project.compat import loggers_write_this_step
-from project.errors import ProjectError
 from project.nets import build_network
+from project.toolkit.compat import loggers_write_this_step
+from project.toolkit.errors import ProjectError
 
 
 class WarmupCosine:

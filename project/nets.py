@@ -8,7 +8,7 @@ from __future__ import annotations
 import torchvision
 from torch import nn
 
-from project.errors import ProjectError
+from project.toolkit.errors import ProjectError
 
 
 def available_archs() -> list[str]:

@@ -11,7 +11,7 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from project.data.augmentation import (
+from project.toolkit.data.augmentation import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     augment,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.cli import main
+from project.__main__ import main
 from project.model import ImageClassifier
 
 REPO = Path(__file__).resolve().parents[1]

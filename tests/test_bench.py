@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from project import bench
-from project.bench import BenchConfig, Cell, cell_args, expand
+from project.toolkit.bench import BenchConfig, Cell, cell_args, expand
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -316,7 +316,7 @@ def test_importing_bench_is_cheap() -> None:
     should answer at once); the ``project`` package's own imports are left out of the check."""
     code = (
         "import sys, types; package = types.ModuleType('project'); package.__path__ = [sys.argv[1]]; "
-        "sys.modules['project'] = package; import project.bench; "
+        "sys.modules['project'] = package; import project.toolkit.bench; "
         "print(sorted(m for m in ('torch', 'lightning', 'matplotlib') if m in sys.modules))"
     )
     result = subprocess.run(

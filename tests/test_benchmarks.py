@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from project.measure.stamps import StepStamps
+from project.toolkit.measure.stamps import StepStamps
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = ["benchmarks.overhead", "benchmarks.inference", "benchmarks.input"]

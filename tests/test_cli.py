@@ -11,7 +11,7 @@ import torch
 import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from project.cli import main
+from project.__main__ import main
 from project.data import CIFAR10DataModule
 from project.model import ImageClassifier
 
@@ -184,8 +184,8 @@ def test_cudnn_autotuning_is_on_unless_deterministic(
 
 
 def test_each_default_callback_can_be_switched_off(tiny_args: list[str], tmp_path: Path) -> None:
-    from project.callbacks.timing import TimingCallback
-    from project.cli import DEFAULT_CALLBACKS
+    from project.toolkit.callbacks.timing import TimingCallback
+    from project.toolkit.cli import DEFAULT_CALLBACKS
 
     shown = ["--trainer.enable_progress_bar=true", "--trainer.enable_model_summary=true"]  # tiny_args hide them
     cli = main(["fit", *tiny_args, *shown, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
@@ -206,7 +206,7 @@ def test_checkpointing_can_be_switched_off(tiny_args: list[str], tmp_path: Path,
 
 
 def test_default_yaml_lists_the_default_callbacks(capsys: pytest.CaptureFixture) -> None:
-    from project.cli import DEFAULT_CALLBACKS
+    from project.toolkit.cli import DEFAULT_CALLBACKS
 
     listed = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["callbacks"]
     assert listed == dict.fromkeys(DEFAULT_CALLBACKS, True)

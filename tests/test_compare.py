@@ -11,10 +11,10 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-from project.bench.compare import cell_names, timing_files
-from project.bench.compare import compare as compare_runs
-from project.entry import main
-from project.errors import ProjectError
+from project.__main__ import main
+from project.toolkit.bench.compare import cell_names, timing_files
+from project.toolkit.bench.compare import compare as compare_runs
+from project.toolkit.errors import ProjectError
 
 ENVIRONMENT = {"device_name": "cpu", "torch": "2.8.0", "hostname": "node1"}
 

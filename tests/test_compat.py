@@ -1,4 +1,4 @@
-"""The private Lightning names the template relies on (project/compat.py) still exist and mean what
+"""The private Lightning names the template relies on (project/toolkit/compat.py) still exist and mean what
 they meant, and importing the package stays cheap and registers nothing."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_the_cli_methods_the_template_overrides_exist_with_their_signatures() ->
 
 def test_importing_the_package_is_cheap_and_registers_nothing() -> None:
     code = (
-        "import sys, project, project.errors, project.measure\n"
+        "import sys, project, project.toolkit.errors, project.toolkit.measure\n"
         "print(sorted(m for m in ('torch', 'lightning', 'torchvision') if m in sys.modules))\n"
         "from lightning.pytorch.strategies import StrategyRegistry\n"
         "print('dp' in StrategyRegistry.available_strategies())"
@@ -76,7 +76,7 @@ def test_importing_the_package_is_cheap_and_registers_nothing() -> None:
 def test_registration_happens_where_the_cli_starts() -> None:
     from lightning.pytorch.strategies import StrategyRegistry
 
-    from project.cli import _register_once
+    from project.toolkit.cli import _register_once
 
     _register_once()
     assert {"dp", "dp_balanced", "fsdp", "single_xla"} <= set(StrategyRegistry.available_strategies())

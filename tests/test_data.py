@@ -21,7 +21,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.precision import Precision
 from torch.utils.data import DataLoader
 
-from project.cli import main
+from project.__main__ import main
 from project.data import (
     BASE_FOLDER,
     CIFAR10DataModule,
@@ -32,7 +32,7 @@ from project.data import (
     read_label_names,
 )
 from project.data import cifar10 as data_module
-from project.errors import DataError
+from project.toolkit.errors import DataError
 from tests.conftest import LABEL_NAMES, TEST_IMAGES, TRAIN_PER_FILE
 from tests.test_strategies import recorded, recorder_args
 from tests.test_strategy_runs import evaluate, metrics, run_project

@@ -1,4 +1,4 @@
-"""DeepSpeed: the refusals, and its checkpoint folders on a single device (:mod:`project.strategies.deepspeed`).
+"""DeepSpeed: the refusals, and its checkpoint folders on a single device (:mod:`project.toolkit.strategies.deepspeed`).
 
 What needs DeepSpeed itself (a CUDA GPU and the deepspeed package) is not run here: training under it, the
 folder it writes, and Lightning's conversion of that folder. Those run in ``python -m benchmarks.gpu_check``.
@@ -19,9 +19,9 @@ from jsonargparse import Namespace
 from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.pytorch.strategies import DeepSpeedStrategy, StrategyRegistry
 
-from project.errors import ProjectError
-from project.strategies import deepspeed
-from project.strategies.deepspeed import (
+from project.toolkit.errors import ProjectError
+from project.toolkit.strategies import deepspeed
+from project.toolkit.strategies.deepspeed import (
     check_deepspeed_choice,
     consolidated_path,
     is_deepspeed_checkpoint,
@@ -276,7 +276,7 @@ def test_resolving_for_a_run(tmp_path: Path, converter: list) -> None:
 def test_the_command_line_refuses_deepspeed_on_a_cpu_in_one_line(
     tiny_args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture, strategy: str
 ) -> None:
-    from project.cli import main
+    from project.__main__ import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", *tiny_args, f"--trainer.strategy={strategy}"])

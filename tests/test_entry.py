@@ -8,8 +8,9 @@ import sys
 import pytest
 from lightning.pytorch.cli import LightningCLI
 
-from project.cli import main as cli_main
-from project.entry import TOOL_COMMANDS, TRAINER_COMMANDS, main
+from project.__main__ import main
+from project.__main__ import main as cli_main
+from project.toolkit.commands import TOOL_COMMANDS, TRAINER_COMMANDS
 
 
 def test_the_trainer_commands_are_lightnings() -> None:
@@ -17,7 +18,8 @@ def test_the_trainer_commands_are_lightnings() -> None:
 
 
 def test_top_level_help_lists_every_command_without_importing_torch() -> None:
-    code = "import sys\nfrom project.entry import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+    code = "import sys\nfrom project.toolkit.entry import main\n"
+    code += "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
     code += "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.startswith("usage: python -m project")

@@ -16,11 +16,11 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from project.callbacks import checkpoints
-from project.callbacks.checkpoints import AtomicCheckpointIO, AtomicCheckpoints, check_checkpoint_file
-from project.callbacks.guards import FiniteLossGuard
-from project.cli import main
-from project.errors import ProjectError
+from project.__main__ import main
+from project.toolkit.callbacks import checkpoints
+from project.toolkit.callbacks.checkpoints import AtomicCheckpointIO, AtomicCheckpoints, check_checkpoint_file
+from project.toolkit.callbacks.guards import FiniteLossGuard
+from project.toolkit.errors import ProjectError
 
 
 def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

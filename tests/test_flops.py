@@ -1,4 +1,4 @@
-"""FLOPs per image, device peaks and MFU: :mod:`project.measure.flops`."""
+"""FLOPs per image, device peaks and MFU: :mod:`project.toolkit.measure.flops`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from project.measure.flops import (
+from project.nets import build_network
+from project.toolkit.measure.flops import (
     PEAK_TFLOPS,
     arch_flops_per_sample,
     convolutions_use_tf32,
@@ -16,7 +17,6 @@ from project.measure.flops import (
     model_flops_per_sample,
     peak_tflops,
 )
-from project.nets import build_network
 
 
 @functools.cache

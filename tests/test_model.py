@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from project.errors import ProjectError
 from project.model import ImageClassifier
 from project.nets import build_network
+from project.toolkit.errors import ProjectError
 
 
 @pytest.mark.parametrize("arch", ["mobilenet_v2", "resnet50"])

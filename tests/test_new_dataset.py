@@ -12,8 +12,8 @@ import torch
 from lightning.pytorch import Trainer
 
 from project.data import ImageArrayDataModule
-from project.errors import DataError
 from project.model import ImageClassifier
+from project.toolkit.errors import DataError
 from tests.test_data import attach, on_device_batches
 
 

@@ -13,11 +13,11 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.overrides import TorchFunctionMode
 
-from project.cli import main
+from project.__main__ import main
 from project.data import CIFAR10DataModule
-from project.errors import ProjectError
 from project.model import ImageClassifier
-from project.strategies.dp import check_not_compiled
+from project.toolkit.errors import ProjectError
+from project.toolkit.strategies.dp import check_not_compiled
 
 SHORT_RUN = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
 

@@ -15,12 +15,12 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torchvision.models import mobilenet_v2, resnet18, resnet50
 
-from project.cli import main
-from project.errors import ProjectError
-from project.measure.bubble import BubbleMeter
-from project.strategies import PipelineStrategy
-from project.strategies.pipeline import SCHEDULES
-from project.strategies.stages import (
+from project.__main__ import main
+from project.toolkit.errors import ProjectError
+from project.toolkit.measure.bubble import BubbleMeter
+from project.toolkit.strategies import PipelineStrategy
+from project.toolkit.strategies.pipeline import SCHEDULES
+from project.toolkit.strategies.stages import (
     block_costs,
     build_stage,
     network_blocks,

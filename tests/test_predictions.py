@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Trainer
 
-from project.callbacks.predictions import PredictionWriter
 from project.data import CIFAR10DataModule
 from project.model import ImageClassifier
+from project.toolkit.callbacks.predictions import PredictionWriter
 from tests.conftest import LABEL_NAMES, TEST_IMAGES
 
 
@@ -34,7 +34,7 @@ def test_predictions_csv_matches_the_model(cifar_root: Path, tmp_path: Path) -> 
 
 
 def test_predict_command_writes_the_csv(tiny_args: list[str], tmp_path: Path) -> None:
-    from project.cli import main
+    from project.__main__ import main
 
     main(["fit", *tiny_args, "--trainer.max_epochs=1"])
     cli = main(["predict", *tiny_args, "--ckpt_path=last"])
@@ -43,7 +43,7 @@ def test_predict_command_writes_the_csv(tiny_args: list[str], tmp_path: Path) ->
 
 
 def test_a_truncated_checkpoint_is_one_error_line(tiny_args: list[str], tmp_path: Path, capsys) -> None:
-    from project.cli import main
+    from project.__main__ import main
 
     broken = tmp_path / "broken.ckpt"
     torch.save({"state_dict": {"w": torch.randn(1000)}}, broken)

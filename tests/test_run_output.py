@@ -15,13 +15,13 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from project.callbacks import progress
-from project.callbacks.estimate import estimate_line
-from project.callbacks.quiet import LITLOGGER_TIP, ModelSummaryWithFlops, silence_known_noise
-from project.cli import main
+from project.__main__ import main
+from project.toolkit.callbacks import progress
+from project.toolkit.callbacks.estimate import estimate_line
+from project.toolkit.callbacks.quiet import LITLOGGER_TIP, ModelSummaryWithFlops, silence_known_noise
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2"]
-# Lightning's messages that are noise for this template (project/callbacks/quiet.py and friends)
+# Lightning's messages that are noise for this template (project/toolkit/callbacks/quiet.py and friends)
 NOISE = ("LeafSpec", "dirpath has changed", "smaller than the logging interval", "`weights_only` was not set")
 
 

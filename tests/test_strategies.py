@@ -23,18 +23,18 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from project.cli import main
+from project.__main__ import main
 from project.data import EvenBatchSampler
-from project.errors import DataError, ProjectError
 from project.model import ImageClassifier
-from project.strategies import (
+from project.toolkit.errors import DataError, ProjectError
+from project.toolkit.strategies import (
     DataParallelStrategy,
     FullyShardedStrategy,
     leave_gloo_process_group,
     register_strategies,
 )
-from project.strategies.dp import NetWithLoss
-from project.strategies.fsdp import SHARDED_BLOCKS, shard_network
+from project.toolkit.strategies.dp import NetWithLoss
+from project.toolkit.strategies.fsdp import SHARDED_BLOCKS, shard_network
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -362,11 +362,11 @@ def test_strategy_config_files_compose_with_the_default_config(capsys: pytest.Ca
         "dp": "dp",
         "dp_balanced": "dp_balanced",
         "fsdp": {
-            "class_path": "project.strategies.FullyShardedStrategy",
+            "class_path": "project.toolkit.strategies.FullyShardedStrategy",
             "init_args": {"save_distributed_checkpoint": False},
         },
         "pipeline": {
-            "class_path": "project.strategies.PipelineStrategy",
+            "class_path": "project.toolkit.strategies.PipelineStrategy",
             "init_args": {"micro_batches": 4, "schedule": "gpipe", "split": None, "process_group_backend": None},
         },
         "tpu": "xla",
@@ -399,11 +399,11 @@ def test_a_module_without_the_contract_gets_one_line_naming_what_it_lacks(name: 
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith(f"--trainer.strategy={name} needs a LightningModule with its network in `net`")
-    assert "WithoutNet has no `net`" in message and "project/strategies/contract.py" in message
+    assert "WithoutNet has no `net`" in message and "project/toolkit/strategies/contract.py" in message
 
 
 def test_the_template_module_meets_the_contract() -> None:
-    from project.strategies.contract import REQUIRED, ParallelizableModule, check_module
+    from project.toolkit.strategies.contract import REQUIRED, ParallelizableModule, check_module
 
     model = ImageClassifier()
     assert isinstance(model, ParallelizableModule)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from project.cli import main
+from project.__main__ import main
 from tests.test_strategies import recorded, recorder_args
 from tests.test_strategy_runs import REPO, STOP_AFTER_FIRST_EPOCH, evaluate, metrics, run_project
 

@@ -18,9 +18,9 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, Dataset
 
-from project.callbacks.timing import TimingCallback
-from project.cli import main
-from project.measure.summary import (
+from project.__main__ import main
+from project.toolkit.callbacks.timing import TimingCallback
+from project.toolkit.measure.summary import (
     EpochRecord,
     FitRecord,
     InferenceRecord,
@@ -429,7 +429,7 @@ def test_test_latencies_come_from_event_pairs_read_once(tmp_path: Path) -> None:
 
 
 def test_sync_every_step_picks_a_clock_that_waits_at_every_mark() -> None:
-    from project.measure.devices import CudaEventClock, HostClock, SyncingClock, device_clock
+    from project.toolkit.measure.devices import CudaEventClock, HostClock, SyncingClock, device_clock
 
     assert type(device_clock(torch.device("cpu"))) is HostClock
     assert type(device_clock(torch.device("cuda", 0))) is CudaEventClock  # events: no host wait per step

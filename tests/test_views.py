@@ -1,4 +1,4 @@
-"""What a run shows in TensorBoard (project/callbacks/views.py and the timing callback's scalars): no
+"""What a run shows in TensorBoard (project/toolkit/callbacks/views.py and the timing callback's scalars): no
 placeholder ``hp_metric``, the hparams with real metrics, the custom-scalars layout, and every
 scalar on the global-step axis."""
 
@@ -11,8 +11,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from project.callbacks.views import HPARAM_METRICS, LAYOUT
-from project.entry import main
+from project.__main__ import main
+from project.toolkit.callbacks.views import HPARAM_METRICS, LAYOUT
 
 
 def read_run(run: Path, command: int = 0) -> EventAccumulator:

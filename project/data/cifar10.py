@@ -1,5 +1,5 @@
 """CIFAR-10: its official files, read without arbitrary unpickling, their download, and
-:class:`CIFAR10DataModule`, the generic :class:`~project.data.datamodule.ImageArrayDataModule` on them.
+:class:`CIFAR10DataModule`, the generic :class:`~project.toolkit.data.datamodule.ImageArrayDataModule` on them.
 
 The data set is read from the official python-format files (``cifar-10-batches-py/``), downloaded
 once per node if missing, checked for structure (not re-hashed) on every start, and served with the
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from project.data.datamodule import ImageArrayDataModule
-from project.errors import DataError
-from project.log import get_logger
+from project.toolkit.data.datamodule import ImageArrayDataModule
+from project.toolkit.errors import DataError
+from project.toolkit.log import get_logger
 
 log = get_logger(__name__)
 

@@ -1,0 +1,104 @@
+"""``python -m project bench --config configs/bench/<preset>.yaml --out DIR``: the strategy comparison.
+
+The YAML file names a matrix -- strategies x archs x global batch sizes x device counts x
+precisions (x variants: named sets of extra options) -- and the settings every cell shares. Each
+cell runs as its own ``python -m project fit`` and then ``test --ckpt_path=last``, in fresh
+processes, with ``DIR/runs/<cell>`` as its ``default_root_dir``: both log to
+``lightning_logs/version_0`` there (one TensorBoard run per cell; ``make tensorboard
+LOGDIR=DIR/runs`` overlays them). The cells' ``timing.json`` files (see
+:mod:`project.toolkit.callbacks.timing`) are collected into ``DIR/results.csv``, ``DIR/results.md`` and
+``DIR/results.png``.
+
+A cell that finished is not run again when the same command is repeated (change a setting and it
+runs afresh); a cell that fails is recorded with the last line of its error output, the matrix
+goes on, and the next invocation tries it again.
+
+The package: :mod:`.config` (the matrix file and its cells), :mod:`.matrix` (running them),
+:mod:`.report` (``results.csv`` and ``results.md``), :mod:`.chart` (``results.png``). Importing it
+is cheap: torch and matplotlib are imported when they are needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from project.toolkit.bench.chart import chart_figure, write_chart
+from project.toolkit.bench.config import SINGLE, BenchConfig, Cell, expand, load_config
+from project.toolkit.bench.matrix import MARKER, cell_args, collect, run_cell, run_folder, run_matrix
+from project.toolkit.bench.report import environment_section, speedups, write_csv, write_markdown
+from project.toolkit.commands import OneLineParser
+from project.toolkit.errors import ProjectError, exit_on_project_error
+
+__all__ = [
+    "MARKER",
+    "SINGLE",
+    "BenchConfig",
+    "Cell",
+    "bench",
+    "cell_args",
+    "chart_figure",
+    "collect",
+    "environment_section",
+    "expand",
+    "load_config",
+    "main",
+    "parse_args",
+    "run_cell",
+    "run_folder",
+    "run_matrix",
+    "speedups",
+    "write_chart",
+    "write_csv",
+    "write_markdown",
+]
+
+
+PRESETS = Path(__file__).resolve().parents[2] / "configs" / "bench"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The options of ``python -m project bench``; ``--help`` and a bad option exit (2) here."""
+    presets = sorted(p.relative_to(PRESETS.parents[1]) for p in PRESETS.glob("*.yaml"))
+    parser = OneLineParser(
+        prog="python -m project bench",
+        description="Run a matrix of strategies x archs x batch sizes x device counts x precisions (x variants), "
+        "each cell as its own fit + test, and compare their time and memory. "
+        f"Presets: {', '.join(map(str, presets))}.",
+    )
+    parser.add_argument("--config", type=Path, required=True, help="the matrix: configs/bench/<preset>.yaml")
+    parser.add_argument("--out", type=Path, required=True, help="folder for results.{csv,md,png} and runs/")
+    return parser.parse_args(argv)
+
+
+def bench(config_path: Path, out: Path, command: str) -> list[dict[str, Any]]:
+    """Run (or resume) the matrix of ``config_path`` into ``out`` and write the three result files."""
+    from project.toolkit.measure.environment import machine_description  # imports torch: not at import time
+
+    config = load_config(config_path)
+    if out.exists() and not out.is_dir():
+        raise ProjectError(f"bench --out {out}: is a file; it must be a folder (or not exist yet)")
+    out.mkdir(parents=True, exist_ok=True)
+    runs = (out / "runs").resolve()
+    cells = expand(config)
+    run_matrix(config, cells, runs)
+    rows = collect(cells, runs)
+    machine = machine_description()
+    write_csv(rows, out / "results.csv")
+    write_markdown(rows, out / "results.md", command, machine)
+    write_chart(rows, out / "results.png", f"{config_path.stem} ({machine})")
+    done = sum(r["status"] == "ok" for r in rows)
+    print(f"bench: {done}/{len(rows)} cells finished; results in {out}/results.{{csv,md,png}}", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m project bench``; ``argv`` replaces ``sys.argv[2:]`` (for tests)."""
+    argv = sys.argv[2:] if argv is None else argv
+    args = parse_args(argv)
+    command = shlex.join(["python", "-m", "project", "bench", *argv])
+    with exit_on_project_error():
+        bench(args.config, args.out, command)

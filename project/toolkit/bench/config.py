@@ -1,0 +1,200 @@
+"""The bench matrix: what a ``configs/bench/<preset>.yaml`` file may say (:class:`BenchConfig`,
+:func:`load_config`), and the cells it stands for (:class:`Cell`, :func:`expand`).
+
+Dimensions: strategies x archs x global batch sizes x device counts x precisions x variants. A
+variant is a named list of extra command-line options (e.g. ``on_device: [--data.on_device=true]``);
+without ``variants`` there is one unnamed variant with no options, and cell names do not show it.
+A strategy is a registered name (``ddp``, ``pipeline``, ...) or ``pipeline-mb<N>``: the pipeline with N
+micro-batches (``pipeline-mb1``: plain model parallelism). ``strategy_archs`` may restrict a strategy
+to some of the archs (``{pipeline-mb4: [resnet50]}``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from project.toolkit.errors import ProjectError
+
+SINGLE = "single"  # the baseline: Lightning's default strategy on one device
+NAME = re.compile(r"[A-Za-z0-9_.-]+")  # what a variant may be called: it becomes part of a folder name
+PIPELINE_CELL = re.compile(r"pipeline-mb([1-9][0-9]*)")  # the pipeline with that many micro-batches
+
+
+def strategy_options(strategy: str) -> list[str]:
+    """The command-line options that select a cell's strategy.
+
+    >>> strategy_options("single"), strategy_options("ddp")
+    (['--trainer.strategy=auto'], ['--trainer.strategy=ddp'])
+    >>> strategy_options("pipeline-mb8")[1]
+    '--trainer.strategy.init_args.micro_batches=8'
+    """
+    match = PIPELINE_CELL.fullmatch(strategy)
+    if match:
+        return [
+            "--trainer.strategy.class_path=project.toolkit.strategies.PipelineStrategy",
+            f"--trainer.strategy.init_args.micro_batches={match.group(1)}",
+        ]
+    return [f"--trainer.strategy={'auto' if strategy == SINGLE else strategy}"]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """A benchmark matrix, as read from YAML. ``devices`` are the device counts of the
+    multi-device strategies; ``single`` always runs on one. ``variants`` maps a name to the
+    options it appends to every cell's ``args``."""
+
+    strategies: list[str]
+    archs: list[str]
+    batch_sizes: list[int]
+    devices: list[int] = field(default_factory=lambda: [1])
+    precision: list[str] = field(default_factory=lambda: ["32-true"])
+    accelerator: str = "auto"
+    epochs: int = 10
+    image_size: int = 112
+    limit_train_batches: int | float | None = None
+    limit_val_batches: int | float | None = None
+    limit_test_batches: int | float | None = None
+    args: list[str] = field(default_factory=list)
+    timeout_minutes: float = 60.0
+    variants: dict[str, list[str]] = field(default_factory=lambda: {"": []})
+    strategy_archs: dict[str, list[str]] = field(default_factory=dict)
+
+    def variant_names(self) -> list[str]:
+        """The variants as cells name them: ``[""]`` (not shown) when there is only one.
+
+        >>> BenchConfig(["single"], ["a"], [8], variants={"x": ["--y"]}).variant_names()
+        ['']
+        >>> BenchConfig(["single"], ["a"], [8], variants={"x": [], "z": []}).variant_names()
+        ['x', 'z']
+        """
+        return list(self.variants) if len(self.variants) > 1 else [""]
+
+    def variant_args(self, name: str) -> list[str]:
+        """The options of the variant a cell calls ``name`` (``""``: the only one)."""
+        if name == "" and len(self.variants) == 1:
+            return next(iter(self.variants.values()))
+        return self.variants[name]
+
+
+def _is_list_of(value: Any, kind: type | tuple[type, ...]) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, kind) and v is not True for v in value)
+
+
+def _is_limit(value: Any) -> bool:
+    """What Lightning accepts, less 1: ``--trainer.limit_*_batches=1`` parses as the float 1.0
+    (100 %), so a one-batch limit cannot be passed on a command line."""
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return (isinstance(value, int) and value >= 2) or 0 < value < 1
+
+
+def _is_options(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(a, str) for a in value)
+
+
+def _is_variants(value: Any) -> bool:
+    """A non-empty mapping of names (letters, digits, ``_.-``) to lists of options.
+
+    >>> _is_variants({"loader": [], "on_device": ["--data.on_device=true"]}), _is_variants({"a b": []})
+    (True, False)
+    >>> _is_variants({"x": "--y"}), _is_variants({}), _is_variants(["x"])
+    (False, False, False)
+    """
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(isinstance(k, str) and NAME.fullmatch(k) and _is_options(v) for k, v in value.items())
+    )
+
+
+_RULES: dict[str, tuple[Any, str]] = {
+    "strategies": (lambda v: _is_list_of(v, str), "a non-empty list of strategy names (single, dp, ddp, fsdp, ...)"),
+    "archs": (lambda v: _is_list_of(v, str), "a non-empty list of torchvision model names"),
+    "batch_sizes": (lambda v: _is_list_of(v, int) and min(v) > 0, "a non-empty list of global batch sizes > 0"),
+    "devices": (lambda v: _is_list_of(v, int) and min(v) > 0, "a non-empty list of device counts > 0"),
+    "precision": (lambda v: _is_list_of(v, str | int), "a non-empty list of Lightning precisions (32-true, ...)"),
+    "accelerator": (lambda v: isinstance(v, str), "an accelerator name (cpu, gpu, auto, ...)"),
+    "epochs": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
+    "image_size": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
+    "limit_train_batches": (_is_limit, "null, a number of batches >= 2, or a fraction in (0, 1)"),
+    "limit_val_batches": (_is_limit, "null, a number of batches >= 2, or a fraction in (0, 1)"),
+    "limit_test_batches": (_is_limit, "null, a number of batches >= 2, or a fraction in (0, 1)"),
+    "args": (_is_options, "a list of command-line options"),
+    "timeout_minutes": (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0, "a number > 0"),
+    "variants": (
+        _is_variants,
+        "a non-empty mapping of variant names (letters, digits, _ . -) to lists of command-line options, "
+        "e.g. {loader: [], on_device: [--data.on_device=true]}",
+    ),
+    "strategy_archs": (
+        lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_list_of(a, str) for k, a in v.items()),
+        "a mapping of strategy names to the archs they run for, e.g. {pipeline-mb4: [resnet50]}",
+    ),
+}
+_REQUIRED = ("strategies", "archs", "batch_sizes")
+
+
+def load_config(path: Path) -> BenchConfig:
+    """Read and check a bench YAML file; anything wrong is a :class:`ProjectError` naming it."""
+    if not path.is_file():
+        raise ProjectError(f"bench --config {path}: no such file")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ProjectError(f"bench --config {path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ProjectError(f"bench --config {path}: expected a mapping of settings, found {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(_RULES))
+    if unknown:
+        raise ProjectError(f"bench --config {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(_RULES)}")
+    missing = [key for key in _REQUIRED if key not in raw]
+    if missing:
+        raise ProjectError(f"bench --config {path}: missing key(s) {', '.join(missing)}")
+    for key, value in raw.items():
+        ok, allowed = _RULES[key]
+        if not ok(value):
+            raise ProjectError(f"bench --config {path}: {key}={value!r} is not allowed: it must be {allowed}")
+    if "precision" in raw:
+        raw["precision"] = [str(p) for p in raw["precision"]]  # YAML reads 32 and 16 as numbers
+    return BenchConfig(**raw)
+
+
+@dataclass(frozen=True)
+class Cell:
+    strategy: str
+    arch: str
+    batch_size: int
+    devices: int
+    precision: str
+    variant: str = ""  # "" where the matrix has a single variant
+
+    @property
+    def name(self) -> str:
+        """``ddp-resnet50-b256-x2-32-true`` (``...-32-true-on_device`` with variants): the run
+        folder's name, safe on any file system."""
+        raw = f"{self.strategy}-{self.arch}-b{self.batch_size}-x{self.devices}-{self.precision}"
+        raw += f"-{self.variant}" if self.variant else ""
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
+
+
+def expand(config: BenchConfig) -> list[Cell]:
+    """Every cell of the matrix, the single-device baseline first within each arch, batch,
+    precision and variant."""
+    cells = []
+    for arch in config.archs:
+        for batch_size in config.batch_sizes:
+            for precision in config.precision:
+                for variant in config.variant_names():
+                    for strategy in config.strategies:
+                        if arch not in config.strategy_archs.get(strategy, [arch]):
+                            continue
+                        counts = [1] if strategy == SINGLE else config.devices
+                        cells += [Cell(strategy, arch, batch_size, n, precision, variant) for n in counts]
+    return list(dict.fromkeys(cells))  # a strategy listed twice runs once

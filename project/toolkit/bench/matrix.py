@@ -1,0 +1,175 @@
+"""Running the cells: each as ``python -m project fit`` then ``test --ckpt_path=last`` in fresh
+processes (:func:`run_cell`), skipping those that finished before (:func:`run_matrix`), and reading
+what they measured back (:func:`collect`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from project.toolkit.bench.config import BenchConfig, Cell, strategy_options
+
+MARKER = "bench-cell.json"  # a cell's outcome, in its run folder
+
+
+def cell_args(config: BenchConfig, cell: Cell, runs: Path) -> list[str]:
+    """The options ``fit`` and ``test`` share: the cell's settings, its own folder, whose
+    ``lightning_logs/version_0`` is fixed as the TensorBoard run (so ``test`` adds to the run
+    ``fit`` made, and ``--ckpt_path=last`` finds it), the preset's args and the cell's variant's."""
+    args = [
+        *strategy_options(cell.strategy),
+        f"--trainer.devices={cell.devices}",
+        f"--trainer.accelerator={config.accelerator}",
+        f"--trainer.precision={cell.precision}",
+        f"--trainer.max_epochs={config.epochs}",
+        f"--model.arch={cell.arch}",
+        f"--data.batch_size={cell.batch_size}",
+        f"--data.image_size={config.image_size}",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={runs / cell.name}",
+        "--trainer.logger.class_path=lightning.pytorch.loggers.TensorBoardLogger",
+        f"--trainer.logger.init_args.save_dir={runs / cell.name}",
+        "--trainer.logger.init_args.version=0",
+    ]
+    for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
+        if getattr(config, key) is not None:
+            args.append(f"--trainer.{key}={getattr(config, key)}")
+    return args + config.args + config.variant_args(cell.variant)
+
+
+def run_folder(runs: Path, cell: Cell) -> Path:
+    """Where a cell's fit and test log (the layout of Lightning's default TensorBoard logger)."""
+    return runs / cell.name / "lightning_logs" / "version_0"
+
+
+def project_command(subcommand: str, args: Sequence[str]) -> list[str]:
+    """``python -m project <subcommand> <args>`` with this interpreter."""
+    return [sys.executable, "-m", "project", subcommand, *args]
+
+
+def run_in_own_session(
+    command: list[str], stdout: IO, stderr: IO | int, timeout_s: float, cwd: Path | None = None
+) -> int | None:
+    """Run ``command`` to its end and return its exit status, or None if it ran past ``timeout_s``.
+    It runs in a process session of its own, so a timeout (or Ctrl-C here) ends the launcher AND
+    every rank it started."""
+    process = subprocess.Popen(command, stdout=stdout, stderr=stderr, cwd=cwd, start_new_session=True)
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return None
+    except BaseException:  # Ctrl-C: leave no ranks behind
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+
+
+def _run_logged(command: list[str], log_stem: Path, timeout_s: float) -> str | None:
+    """Run ``command`` with its output in ``<log_stem>.out`` / ``.err``; None on success, else
+    the error: the last line it printed to stderr (a traceback ends with the exception)."""
+    with open(f"{log_stem}.out", "w") as out, open(f"{log_stem}.err", "w") as err:
+        code = run_in_own_session(command, out, err, timeout_s)
+    if code is None:
+        return f"timed out after {timeout_s / 60:g} min"
+    if code == 0:
+        return None
+    lines = [line.strip() for line in Path(f"{log_stem}.err").read_text(errors="replace").splitlines()]
+    return next((line for line in reversed(lines) if line), f"exit code {code}")
+
+
+def _finished(cell_dir: Path, args: list[str]) -> bool:
+    """Whether this very cell (same options) already ran to the end."""
+    try:
+        marker = json.loads((cell_dir / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("status") == "ok" and marker.get("args") == args
+
+
+def run_cell(config: BenchConfig, cell: Cell, runs: Path) -> dict[str, Any]:
+    """Fit then test one cell in fresh processes, from an empty run folder; record the outcome."""
+    cell_dir = runs / cell.name
+    shutil.rmtree(cell_dir, ignore_errors=True)  # an interrupted earlier attempt leaves nothing behind
+    cell_dir.mkdir(parents=True)
+    args = cell_args(config, cell, runs)
+    fit, test = project_command("fit", args), project_command("test", [*args, "--ckpt_path=last"])
+    start = time.perf_counter()
+    timeout_s = config.timeout_minutes * 60
+    error = _run_logged(fit, cell_dir / "fit", timeout_s)
+    if error is None:
+        error = _run_logged(test, cell_dir / "test", timeout_s)
+        error = None if error is None else f"test: {error}"
+    outcome = {
+        "status": "ok" if error is None else "failed",
+        "error": error,
+        "cell_seconds": round(time.perf_counter() - start, 1),
+        "args": args,
+        "fit_command": fit,
+        "test_command": test,
+    }
+    (cell_dir / MARKER).write_text(json.dumps(outcome, indent=2) + "\n")
+    return outcome
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+def run_matrix(config: BenchConfig, cells: list[Cell], runs: Path) -> None:
+    """Run every cell not finished yet, printing progress: cell i/N, elapsed, estimate left."""
+    todo = [c for c in cells if not _finished(runs / c.name, cell_args(config, c, runs))]
+    print(f"bench: {len(cells)} cells, {len(cells) - len(todo)} finished before, {len(todo)} to run", flush=True)
+    start, ran = time.perf_counter(), 0
+    for i, cell in enumerate(cells, 1):
+        prefix = f"[{i}/{len(cells)}] {cell.name}"
+        if cell not in todo:
+            print(f"{prefix}: finished before, not run again", flush=True)
+            continue
+        print(f"{prefix}: running", flush=True)
+        outcome = run_cell(config, cell, runs)
+        ran += 1
+        elapsed = time.perf_counter() - start
+        left = elapsed / ran * (len(todo) - ran)
+        result = "ok" if outcome["status"] == "ok" else f"FAILED ({outcome['error']})"
+        print(
+            f"{prefix}: {result} in {outcome['cell_seconds']:.0f} s | elapsed {_clock(elapsed)} | left ~{_clock(left)}",
+            flush=True,
+        )
+
+
+def collect(cells: list[Cell], runs: Path) -> list[dict[str, Any]]:
+    """One row per cell: the cell, its outcome, and every key of its ``timing.json``. The
+    ``variant`` column is there only where the matrix has several."""
+    rows = []
+    for cell in cells:
+        cell_dir = runs / cell.name
+        row: dict[str, Any] = {
+            "cell": cell.name,
+            "status": "not run",
+            "error": None,
+            "bench_strategy": cell.strategy,
+            "arch": cell.arch,
+            "batch_size": cell.batch_size,
+            "devices": cell.devices,
+            "precision": cell.precision,
+        }
+        if cell.variant:
+            row["variant"] = cell.variant
+        if (cell_dir / MARKER).is_file():
+            marker = json.loads((cell_dir / MARKER).read_text())
+            row.update(status=marker["status"], error=marker["error"], cell_seconds=marker["cell_seconds"])
+        timing = run_folder(runs, cell) / "timing.json"
+        if row["status"] == "ok" and timing.is_file():
+            row.update(json.loads(timing.read_text()))
+        rows.append(row)
+    return rows

@@ -1,0 +1,255 @@
+"""The result files of a bench run: ``results.csv`` (every figure of every cell, :func:`write_csv`)
+and ``results.md`` (the tables a reader compares, :func:`write_markdown`), with each cell's speed-up
+over its single-device baseline (:func:`speedups`). Keys missing from a cell's ``timing.json``
+(written by an older version) show as "–"."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from project.toolkit.bench.config import SINGLE
+from project.toolkit.measure.tables import markdown_table, mean_std, number
+
+# Where a cell's figures were taken, as the timing callback records it; shown once above the tables.
+ENVIRONMENT_KEYS = (
+    "device_name",
+    "device_count",
+    "cpu_model",
+    "cpu_cores",
+    "cuda",
+    "cudnn",
+    "nccl",
+    "torch",
+    "lightning",
+    "torchvision",
+    "python",
+    "hostname",
+    "git_commit",
+    "git_dirty",
+    "date",
+)
+PER_CELL = ("date",)  # differs from cell to cell by nature: not a difference of environment
+MISSING = "–"  # a figure a cell did not record
+
+
+def _baseline_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return row["arch"], row["batch_size"], row["precision"], row.get("variant", "")
+
+
+def speedups(rows: list[dict[str, Any]]) -> list[float | None]:
+    """Each cell's steady-state epoch time against the ``single`` cell of the same arch, batch,
+    precision and variant: ``single seconds / cell seconds`` (2.0 = twice as fast)."""
+    baseline = {
+        _baseline_key(r): r.get("epoch_seconds_mean")
+        for r in rows
+        if r["bench_strategy"] == SINGLE and r["status"] == "ok"
+    }
+    result = []
+    for r in rows:
+        base, own = baseline.get(_baseline_key(r)), r.get("epoch_seconds_mean")
+        result.append(base / own if base and own else None)
+    return result
+
+
+def _flatten(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """CSV cells: ``{"a": {"p50": 1}}`` becomes ``a_p50`` (``environment_device_name``, ...);
+    lists become JSON text."""
+    flat: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}_"))
+        elif isinstance(value, list):
+            flat[f"{prefix}{key}"] = json.dumps(value)
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    flat = [_flatten(r) for r in rows]
+    columns = list(dict.fromkeys(key for r in flat for key in r))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(flat)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _num(value: Any, digits: int = 3, scale: float = 1.0) -> str:
+    return number(value, digits, missing=MISSING, scale=scale)
+
+
+def _pm(mean: Any, std: Any, digits: int = 3) -> str:
+    return mean_std(mean if _is_number(mean) else None, std if _is_number(std) else None, digits, missing=MISSING)
+
+
+def _significant(value: Any, digits: int = 3) -> str:
+    """``0.00512``, ``1.23``, ``312``: TFLOP/s span orders of magnitude from a CPU to a GPU."""
+    if not _is_number(value) or math.isnan(value):
+        return MISSING
+    return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:.0f}"
+
+
+def _memory(row: dict[str, Any], prefix: str) -> str:
+    """``rank0 812, rank1 790``: the peak MiB of every device of the cell."""
+    pairs = zip(row.get(f"{prefix}_devices") or [], row.get(f"{prefix}_mb") or [], strict=False)
+    return ", ".join(f"{label} {_num(mb, 0)}" for label, mb in pairs)
+
+
+def _bubble(row: dict[str, Any]) -> str:
+    """``62 / 8``: a pipeline's measured bubble of each rank (stage), in %; "–" for other strategies."""
+    values = row.get("bubble_fraction")
+    return " / ".join(_num(v, 0, 100) for v in values) if isinstance(values, list) and values else MISSING
+
+
+def _text(value: Any) -> str:
+    """A value for a markdown cell: "–" for a missing one, no column breaks."""
+    if value is None or value == "":
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value).replace("|", "\\|")
+
+
+def environment_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Where the figures were taken, once: the first finished cell's ``environment``, and the cells
+    whose environment differs from it (key by key, ``date`` aside)."""
+    recorded = [
+        (r["cell"], r["environment"]) for r in rows if r["status"] == "ok" and isinstance(r.get("environment"), dict)
+    ]
+    text = ["## Environment", ""]
+    if not recorded:
+        return [*text, "– (the cells' timing.json files do not record it)", ""]
+    first = recorded[0][1]
+    keys = [*ENVIRONMENT_KEYS, *(k for k in first if k not in ENVIRONMENT_KEYS)]
+    text += [
+        f"Recorded by the first finished cell, `{recorded[0][0]}`:",
+        "",
+        markdown_table(["key", "value"], [[key, _text(first.get(key))] for key in keys]),
+        "",
+    ]
+    differing = [
+        key
+        for key in dict.fromkeys(k for _, env in recorded for k in [*keys, *env])
+        if key not in PER_CELL and len({json.dumps(env.get(key)) for _, env in recorded}) > 1
+    ]
+    if differing:
+        text += [
+            f"**The cells did not all run in the same environment**: they differ in {', '.join(differing)}.",
+            "",
+            markdown_table(
+                ["cell", *differing], [[f"`{c}`", *(_text(env.get(k)) for k in differing)] for c, env in recorded]
+            ),
+            "",
+        ]
+    return text
+
+
+BENCH_HOW = (
+    "Each cell ran `python -m project fit` and then `python -m project test --ckpt_path=last` in fresh processes."
+)
+
+
+def write_markdown(
+    rows: list[dict[str, Any]],
+    path: Path,
+    command: str,
+    machine: str,
+    title: str = "Strategy benchmark",
+    how: str = BENCH_HOW,
+) -> None:
+    """``results.md``; ``title`` and ``how`` (how the cells ran) differ between bench and compare."""
+    ok = [(r, s) for r, s in zip(rows, speedups(rows), strict=True) if r["status"] == "ok"]
+    variants = any(r.get("variant") for r, _ in ok)
+    training = [
+        [
+            f"`{r['cell']}`",
+            r["bench_strategy"],
+            r["arch"],
+            str(r["batch_size"]),
+            str(r["devices"]),
+            r["precision"],
+            *([_text(r.get("variant"))] if variants else []),
+            _num(r.get("fit_seconds"), 1),
+            _pm(r.get("epoch_seconds_mean"), r.get("epoch_seconds_std"), 2),
+            _num(r.get("first_epoch_seconds"), 2),
+            _pm(r.get("iteration_seconds_mean"), r.get("iteration_seconds_std"), 3),
+            _num(r.get("data_wait_fraction"), 1, 100),
+            _bubble(r),
+            _num(r.get("train_samples_per_second"), 1),
+            _significant(r.get("train_tflops_per_second")),
+            _num(r.get("mfu"), 1, 100),
+            MISSING if s is None else f"{s:.2f}x",
+        ]
+        for r, s in ok
+    ]
+    inference = []
+    for r, _ in ok:
+        latency = r.get("test_batch_latency_ms") or {}
+        inference.append(
+            [
+                f"`{r['cell']}`",
+                _pm(latency.get("mean"), latency.get("std"), 1),
+                _num(latency.get("p50"), 1),
+                _num(latency.get("p90"), 1),
+                _num(latency.get("p99"), 1),
+                _num(r.get("test_sample_latency_ms"), 2),
+                _num(r.get("test_samples_per_second"), 1),
+                _significant(r.get("test_tflops_per_second")),
+                _num(r.get("test_mfu"), 1, 100),
+            ]
+        )
+    memory = [[f"`{r['cell']}`", _memory(r, "peak_memory"), _memory(r, "test_peak_memory")] for r, _ in ok]
+    failed = [
+        [f"`{r['cell']}`", r["status"], (r["error"] or "").replace("|", "\\|")] for r in rows if r["status"] != "ok"
+    ]
+    training_header = ["cell", "strategy", "arch", "global batch", "devices", "precision"]
+    training_header += ["variant"] if variants else []
+    training_header += ["total s", "s/epoch", "first epoch s", "s/iteration", "data wait %", "bubble %", "samples/s"]
+    training_header += ["TFLOP/s", "MFU %", "speed-up"]
+    text = [
+        f"# {title}",
+        "",
+        f"Produced by `{command}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.",
+        f"Machine: {machine}.",
+        "",
+        how,
+        "Times are wall-clock seconds of the slowest rank with the device synchronised; the",
+        "first epoch (warm-up) is shown apart and left out of the epoch mean ± std; the first iterations",
+        "are left out of the iteration statistics. Throughput counts the samples of all ranks, each once (a",
+        "pipeline's stages all see every sample). Bubble: each pipeline stage's share of its step time spent",
+        "waiting on the other stages, per rank (`pipeline-mb<N>`: N micro-batches; mb1: model parallel). Speed-up:",
+        "the single-device cell's steady epoch time over this cell's (same arch, batch, precision"
+        + (", variant)." if variants else ")."),
+        "TFLOP/s: the network's FLOPs per training (inference) sample times samples/s, all ranks; MFU: that",
+        'over the peak of the cell\'s devices at its precision, "–" where the peak is unknown (a CPU).',
+        "",
+        *environment_section(rows),
+        "## Training",
+        "",
+        markdown_table(training_header, training),
+        "",
+        "## Inference (test)",
+        "",
+        markdown_table(
+            ["cell", "ms/batch", "p50 ms", "p90 ms", "p99 ms", "ms/sample", "samples/s", "TFLOP/s", "MFU %"], inference
+        ),
+        "",
+        "## Peak memory per rank (MiB)",
+        "",
+        "CUDA: peak allocated per GPU; CPU: each process's peak resident memory.",
+        "",
+        markdown_table(["cell", "fit", "test"], memory),
+        "",
+    ]
+    if failed:
+        text += ["## Cells that did not finish", "", markdown_table(["cell", "status", "error"], failed), ""]
+    path.write_text("\n".join(text))

@@ -1,0 +1,147 @@
+"""Guards that stop a run which can no longer do useful work, saying why: a non-finite loss
+(:class:`FiniteLossGuard`) and a rank of a multi-process run that died (:class:`LostRankWatchdog`)."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from project.toolkit.compat import is_subprocess_script_launcher
+from project.toolkit.errors import ProjectError
+from project.toolkit.log import get_logger
+
+log = get_logger(__name__)
+
+
+class LostRankWatchdog(Callback):
+    """Stop a multi-process run within seconds when one of its processes dies, and say which.
+
+    Under ddp/fsdp every step waits for all ranks, so one rank killed (out of memory, a hardware
+    fault, ``kill -9``) leaves the others waiting in a collective: on CPU (gloo) they fail at once
+    with a bare "Connection reset by peer", on GPUs (NCCL) they may hang until a 10-30 minute timeout.
+    For the processes Lightning starts on one machine (``--trainer.devices=N``) a thread watches them:
+    the first process (rank 0) watches the ranks it started, and each of those watches rank 0. When
+    one is gone, the watcher prints ``error: rank R of N died (...)`` and ends its own machine's
+    processes, exiting 1. Every finished epoch's ``last.ckpt`` is intact (saves are atomic), so the
+    run resumes with ``--ckpt_path=last``. Under torchrun, SLURM or several machines, the launcher
+    reports a failed rank itself; this does nothing there.
+    """
+
+    def __init__(self, poll_seconds: float = 1.0) -> None:
+        self.poll_seconds = poll_seconds
+        self._children: list[subprocess.Popen] = []
+        self._parent: tuple[int, int] | None = None  # (pid, global rank) of the process that started this one
+        self._rank, self._world = 0, 1
+        self._stop = threading.Event()
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        launcher = trainer.strategy.launcher
+        if trainer.world_size < 2 or not is_subprocess_script_launcher(launcher):
+            return
+        self._rank, self._world = trainer.global_rank, trainer.world_size
+        if trainer.local_rank == 0:
+            self._children = list(launcher.procs)
+        else:
+            self._parent = (os.getppid(), trainer.global_rank - trainer.local_rank)
+        self._stop.clear()
+        threading.Thread(target=self._watch, name="lost-rank-watchdog", daemon=True).start()
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            self.stop_if_lost()
+
+    def stop_if_lost(self, wait_seconds: float = 0.0) -> None:
+        """If a watched process is gone (looking again for up to ``wait_seconds``), say so and exit.
+        The CLI calls this when a collective operation fails, to name the rank behind the failure."""
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            lost = self._lost()
+            if lost is not None:
+                print(
+                    f"error: {lost}; stopping rank {self._rank} too. Resume with the same command and --ckpt_path=last",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                for child in self._children:
+                    child.kill()
+                os._exit(1)  # other threads may be blocked in a collective that never returns
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.1)
+
+    def _lost(self) -> str | None:
+        for local_rank, child in enumerate(self._children, start=1):
+            code = child.poll()
+            if code:
+                how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+                return f"rank {self._rank + local_rank} of {self._world} died ({how})"
+        if self._parent is not None and os.getppid() != self._parent[0]:
+            return f"rank {self._parent[1]} of {self._world}, which started this process, died"
+        return None
+
+
+class FiniteLossGuard(Callback):
+    """Stop training at the first NaN or infinite training loss, saying where.
+
+    Checking a loss means reading it on the host, and a plain read on a GPU waits for every kernel
+    queued so far, this step's too. So on CUDA the guard starts an asynchronous copy of each step's
+    loss into pinned host memory and reads it one step later, waiting only for that copy (an event),
+    which is done by then: the check costs no stall. Before any checkpoint is written, and at the
+    end of training, it checks the latest loss too: nothing is ever saved from a bad step.
+    """
+
+    def __init__(self) -> None:
+        self._pending: tuple[torch.Tensor, torch.cuda.Event | None, int, int] | None = None
+        self._host: torch.Tensor | None = None
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._check()
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):
+            copied = None
+            loss = loss.detach()
+            if loss.is_cuda:
+                # one pinned buffer for the whole run: _check above has read (and waited for) its last copy
+                if self._host is None or self._host.shape != loss.shape or self._host.dtype != loss.dtype:
+                    self._host = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
+                host = self._host
+                host.copy_(loss, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record()
+                loss = host
+            # global_step already counts this step: it is the step's number, counted from 1
+            self._pending = (loss, copied, trainer.global_step, trainer.current_epoch)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._check()
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._check()
+
+    def _check(self) -> None:
+        if self._pending is None:
+            return
+        loss, copied, step, epoch = self._pending
+        self._pending = None
+        if copied is not None:
+            copied.synchronize()
+        value = float(loss)
+        if not math.isfinite(value):
+            raise ProjectError(
+                f"training loss is {value} at step {step} (epoch {epoch}); stopped, nothing saved from it. "
+                "Lower --model.lr, check the data, or resume from the last good checkpoint with --ckpt_path"
+            )

@@ -1,0 +1,66 @@
+"""The progress bar: the training loss and the learning rate on it, no ``v_num``; a rich bar where
+`rich <https://github.com/Textualize/rich>`_ is installed (``pip install -e '.[progress]'``), else tqdm.
+
+Lightning's bar shows only what is logged with ``prog_bar=True``, and the model puts nothing of the
+training steps there: the bar reads its values at every refresh (every step), and reading a loss
+that lives on an accelerator makes the host wait for the device each time. This bar reads the loss
+and the learning rate only on the steps the loggers write (every ``--trainer.log_every_n_steps``),
+which read them then anyway, and shows those values until the next such step. ``v_num`` (the run
+folder's number, the same all run long) is left out: the end-of-run summary names the folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+
+from project.toolkit.compat import loggers_write_this_step
+
+# What the model logs on the steps the loggers write (project/model.py), and the bar's name for each.
+STEP_VALUES = {"train/loss_step": "train/loss", "train/lr": "lr"}
+
+
+def rich_installed() -> bool:
+    """Whether ``rich`` can be imported (the ``progress`` extra installs it)."""
+    return importlib.util.find_spec("rich") is not None
+
+
+class TrainingValuesOnBar:
+    """Mixin for a Lightning progress bar: the training loss and learning rate, read at the logging
+    interval, and no ``v_num``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.step_values: dict[str, str] = {}
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if loggers_write_this_step(trainer):  # the loggers read these values on this step too
+            metrics = trainer.callback_metrics
+            for key, shown in STEP_VALUES.items():
+                if key in metrics:
+                    value = float(metrics[key])
+                    self.step_values[shown] = f"{value:.3g}" if shown == "lr" else f"{value:.3f}"
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # type: ignore[misc]
+
+    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+        shown = super().get_metrics(trainer, pl_module)  # type: ignore[misc]
+        shown.pop("v_num", None)
+        return {**self.step_values, **shown}
+
+
+class TQDMTrainingBar(TrainingValuesOnBar, TQDMProgressBar):
+    """Lightning's tqdm bar with the training loss and learning rate (see :class:`TrainingValuesOnBar`)."""
+
+
+class RichTrainingBar(TrainingValuesOnBar, RichProgressBar):
+    """Lightning's rich bar with the training loss and learning rate (see :class:`TrainingValuesOnBar`)."""
+
+
+# The template's default bar (``--callbacks.progress_bar``); its options (``--progress_bar.*``) are
+# those of Lightning's RichProgressBar or TQDMProgressBar.
+ProgressBar: type[TrainingValuesOnBar] = RichTrainingBar if rich_installed() else TQDMTrainingBar

@@ -1,0 +1,104 @@
+"""Runs that can be repeated, and resumed, bit for bit."""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
+
+from project.toolkit.compat import restart_training_batches
+from project.toolkit.log import get_logger
+
+log = get_logger(__name__)
+
+
+class ReseedEveryEpoch(Callback):
+    """Make a run resumed from any checkpoint, at an epoch boundary or in the middle of an epoch,
+    continue exactly as the unbroken run would have.
+
+    1. Every epoch re-seeds Python, NumPy and torch (all devices) from ``seed + epoch``. Lightning
+       seeds them once per process, so without this a resumed run would draw dropout masks (and
+       anything else random in the model) from a fresh generator.
+    2. Every checkpoint stores those generators' states, and a run resumed in the middle of an
+       epoch (from ``--checkpoint.every_n_train_steps``, or the checkpoint saved on SIGTERM) puts
+       them back: the next step draws what the unbroken run's next step drew.
+    3. On the first epoch after a resume, the training iterator is rebuilt. Lightning creates it
+       while setting up the optimizer (``estimated_stepping_batches``), before the checkpoint
+       restores the epoch, so it would replay epoch 0. In the middle of an epoch, the sampler first
+       leaves out the batches the checkpoint has trained on (``TrainingSampler.resume_at``).
+
+    The data order and the augmentation of every image depend only on (seed, epoch, image index)
+    (:mod:`project.data`), whatever the number of DataLoader workers. Does nothing when the run is
+    not seeded (``--seed_everything=null``).
+    """
+
+    def __init__(self) -> None:
+        self._first_epoch_of_process = True
+        self._saved_generators: dict[str, Any] | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning calls no on_train_epoch_start for an epoch it resumes in the middle of.
+        seed = os.environ.get("PL_GLOBAL_SEED")
+        if seed is None or not trainer.fit_loop.restarted_mid_epoch:
+            return
+        self._first_epoch_of_process = False
+        # Steps are optimizer steps, and every epoch has num_training_batches batches (the sampler
+        # drops the remainder): this is how many batches of the current epoch the checkpoint holds.
+        # 0 when it was saved after an epoch's last batch: Lightning has moved on to the next epoch.
+        batches_done = trainer.global_step * trainer.accumulate_grad_batches - (
+            trainer.current_epoch * trainer.num_training_batches
+        )
+        sampler = getattr(trainer.train_dataloader, "sampler", None)
+        if not hasattr(sampler, "resume_at"):
+            log.warning("resumed mid-epoch with a sampler that cannot skip batches: this epoch starts over")
+            return
+        sampler.resume_at(trainer.current_epoch, batches_done)
+        if batches_done == 0:
+            _reseed(int(seed), trainer.current_epoch)  # what on_train_epoch_start would have done
+        restart_training_batches(trainer)  # it draws a seed from torch's generator, as it did in the unbroken run
+        if batches_done > 0 and self._saved_generators is not None:
+            _set_generator_states(self._saved_generators)  # as they were after the checkpoint's step
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        seed = os.environ.get("PL_GLOBAL_SEED")
+        if seed is None:
+            return
+        _reseed(int(seed), trainer.current_epoch)
+        resumed = self._first_epoch_of_process and trainer.current_epoch > 0
+        self._first_epoch_of_process = False
+        if resumed:
+            restart_training_batches(trainer)  # the sampler already holds this epoch (set_epoch ran)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generators": _generator_states()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._saved_generators = state_dict.get("generators")
+
+
+def _reseed(seed: int, epoch: int) -> None:
+    seed_everything(seed + epoch, workers=True, verbose=False)
+    os.environ["PL_GLOBAL_SEED"] = str(seed)  # seed_everything overwrote it; keep the run's base seed
+
+
+def _generator_states() -> dict[str, Any]:
+    """The states of the global generators, in types a ``weights_only`` checkpoint load accepts."""
+    kind, keys, position, has_gauss, cached_gauss = np.random.get_state()
+    numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached_gauss)
+    states = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_generator_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    kind, keys, position, has_gauss, cached_gauss = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached_gauss))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(states["cuda"])

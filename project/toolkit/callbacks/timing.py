@@ -1,0 +1,367 @@
+"""Honest numbers for training and inference that do not slow down what they measure:
+:class:`TimingCallback`.
+
+Every rank times itself through a :class:`project.toolkit.measure.devices.DeviceClock`. Inside an epoch or
+a test/predict stage it only *marks* points in the device's work -- on CUDA, events recorded on the
+current stream, so the host never waits for the GPU and the next batch's copies and launches still
+overlap the current step. The device is waited for once at each epoch or stage boundary, and the
+marks are read then. Ranks exchange their records once per epoch and once at the end of a stage
+(:mod:`project.toolkit.measure.summary`); rank 0 writes them out.
+
+What each figure is (``timing.json`` in the run folder holds them; ``docs/timing.md`` the details):
+
+- training epoch: host wall time from ``on_train_epoch_start`` to ``on_train_epoch_end``, with the
+  device waited for at both ends, minus the validation runs inside it; the process's first epoch
+  (warm-up, compilation, worker start-up) is reported on its own, outside the steady mean and std;
+- iteration: from ``on_train_batch_start`` to ``on_train_batch_end`` (forward, backward, optimizer
+  step), the first ``warmup_iterations`` of the process left out. On CUDA it is the GPU's time
+  between two events: from when the GPU reached the batch's start (after the work queued before
+  it) to when it finished the step. On a CPU it is host time, which there is the same thing. On XLA
+  it is the host's tracing and dispatch only (a per-step wait would serialise the lazy pipeline):
+  there, epoch times are the ones to compare. ``sync_every_step=True`` gives the old, fully
+  synchronised per-step wall times everywhere, at the cost of that overlap;
+- data wait: host time from the end of one training batch to the start of the next (the loop
+  waiting for the loader, the copy to the device, the loop's bookkeeping), as a fraction of the
+  epoch time;
+- test / predict: per-batch latency (mean, std, p50, p90, p99; on CUDA from events as above) after
+  ``warmup_iterations`` batches, per-sample latency and samples per second of that compute;
+- work: the network's FLOPs per training and per inference sample, counted once
+  (:mod:`project.toolkit.measure.flops`), hence TFLOP/s achieved (all ranks) and, where the device's peak
+  for the run's precision is known, MFU; ``null`` elsewhere (a CPU), never a guess;
+- pipeline bubble (``pipeline`` only): each rank's share of its step time spent waiting on the other
+  stages, measured by the strategy (its ``bubble_fraction``); a pipeline's samples are counted once,
+  though every stage sees them (its ``sample_copies``);
+- peak memory: CUDA's peak allocated memory of every GPU the process used; on CPU the process's
+  peak resident set size; XLA's peak where the runtime reports it. Peaks are since the process
+  started, so run fit and test as separate commands (as ``python -m project bench`` does).
+
+Rank 0 writes TensorBoard scalars (``time/...``, ``memory/...``) every epoch and at the end, at the
+step of the epoch's own ``train/*`` and ``val/*`` metrics (test and predict: at ``test/acc``'s), merges
+its stage's keys and the run's environment (:mod:`project.toolkit.measure.environment`) into
+``<log_dir>/timing.json`` at the end of fit, test and predict, and prints a short table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities.data import extract_batch_size
+from torch import nn
+
+from project.toolkit.compat import lightning_log_step
+from project.toolkit.data.datamodule import data_settings
+from project.toolkit.errors import ProjectError
+from project.toolkit.measure import flops
+from project.toolkit.measure.devices import DeviceClock, HostClock, device_clock, peak_memory_mb
+from project.toolkit.measure.environment import run_environment
+from project.toolkit.measure.recorders import InferenceRecorder, TrainRecorder
+from project.toolkit.measure.stats import clean
+from project.toolkit.measure.summary import (
+    Memory,
+    format_table,
+    gather_records,
+    memory_entries,
+    summarise_epoch,
+    summarise_fit,
+    summarise_inference,
+)
+
+
+class TimingCallback(Callback):
+    """Times training epochs and iterations, data wait, validation, test/predict latency, the work
+    done (FLOPs, MFU) and peak memory on every rank, and reports them from rank 0 (TensorBoard,
+    ``timing.json``, a table).
+
+    Args:
+        warmup_iterations: Training iterations (and test/predict batches) at the start of the
+            process left out of the per-iteration statistics: the first steps pay for memory
+            allocation, cuDNN autotuning and compilation.
+        sync_every_step: Wait for the device at every batch boundary, for fully synchronised
+            per-step wall times. Off by default: on a GPU the waits stall the host and so slow the
+            run they measure; iterations are then timed with CUDA events instead.
+        peak_tflops: The dense peak TFLOP/s of ONE device at the run's precision, for MFU. By
+            default it is looked up by device name and precision (H100, H200, A100, L4, ...); on
+            a CPU or an unknown device MFU is null unless this is given.
+
+    Attributes:
+        make_clock: Builds the clock for a device, ``(device, sync_every_step) -> DeviceClock``;
+            tests replace it with a fake asynchronous device.
+    """
+
+    def __init__(self, warmup_iterations: int = 3, sync_every_step: bool = False, peak_tflops: float | None = None):
+        if warmup_iterations < 0:
+            raise ProjectError(f"timing.warmup_iterations={warmup_iterations} is not allowed: it must be >= 0")
+        if peak_tflops is not None and not peak_tflops > 0:
+            raise ProjectError(f"timing.peak_tflops={peak_tflops} is not allowed: it must be a number > 0 or null")
+        self.warmup_iterations = warmup_iterations
+        self.sync_every_step = sync_every_step
+        self.peak_tflops = peak_tflops
+        self.make_clock: Callable[[torch.device, bool], DeviceClock] = device_clock
+        self.report: dict[str, Any] = {}  # what rank 0 last wrote; empty on other ranks
+        self._clock: DeviceClock = HostClock()
+        self._device = torch.device("cpu")
+        self._train = TrainRecorder(self._clock, 0.0)
+        self._inference = InferenceRecorder(self._clock)
+        self._epochs: list[dict[str, Any]] = []
+        self._flops: dict[str, float] | None = None
+
+    # -- fit ---------------------------------------------------------------------------------
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._device = trainer.strategy.root_device
+        self._clock = self.make_clock(self._device, self.sync_every_step)
+        if self._flops is None:  # before any strategy wraps or shards the network
+            self._flops = _count_flops(trainer, pl_module)
+        if stage == "fit":  # the clock of fit_seconds starts here: the data is set up, the model not yet
+            self._train = TrainRecorder(self._clock, self._clock.wait())
+            self._epochs = []
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._train.start_epoch(self._clock.wait())
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._train.start_batch()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._train.end_batch(extract_batch_size(batch))
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._train.start_validation(self._clock.wait())
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._train.end_validation(self._clock.wait())
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        records = self._gather(trainer, self._train.end_epoch(self._clock.wait()))
+        bubble = _gather_bubble(trainer, "epoch")
+        if not trainer.is_global_zero:
+            return
+        epoch = summarise_epoch(trainer.current_epoch, [r for r, _ in records], _sample_copies(trainer))
+        self._epochs.append(epoch)
+        work = self._work(trainer, "train", epoch["samples_per_second"])
+        metrics = {
+            "time/train_epoch_seconds": epoch["seconds"],
+            "time/train_samples_per_second": epoch["samples_per_second"],
+            "time/data_wait_fraction": epoch["data_wait_seconds"] / epoch["seconds"] if epoch["seconds"] else None,
+            "time/val_epoch_seconds": epoch["val_seconds"] or None,  # epochs without validation: no point
+            "time/train_tflops_per_second": work["train_tflops_per_second"],
+            "time/mfu": work["mfu"],
+        }
+        labels, memory = memory_entries([m for _, m in records], self._device.type)
+        metrics.update({f"memory/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
+        metrics.update({f"time/bubble_fraction/rank{rank}": value for rank, value in enumerate(bubble or [])})
+        _log_scalars(trainer, metrics, step=_epoch_end_step(trainer))
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        records = self._gather(trainer, self._train.fit_record(self._clock.wait(), self.warmup_iterations))
+        bubble = _gather_bubble(trainer, "fit")
+        log_dir = trainer.log_dir  # every rank must ask: Lightning broadcasts it from rank 0
+        if not trainer.is_global_zero:
+            return
+        labels, memory = memory_entries([m for _, m in records], self._device.type)
+        numbers = summarise_fit(self._epochs, [r for r, _ in records])
+        numbers.update(self._work(trainer, "train", numbers["train_samples_per_second"]))
+        report = {**run_description(trainer, pl_module)}
+        report.update({k: clean(v) if isinstance(v, float) else v for k, v in numbers.items()})
+        report.update(peak_memory_mb=memory, peak_memory_devices=labels)
+        if bubble is not None:  # a pipeline: each stage's share of its step time spent waiting, per rank
+            report["bubble_fraction"] = [clean(v, 4) for v in bubble]
+        scalars = {f"time/summary/{k}": v for k, v in report.items() if isinstance(v, float)}
+        scalars.update({f"time/summary/bubble_fraction/rank{r}": v for r, v in enumerate(bubble or [])})
+        scalars.update({f"memory/summary/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
+        self._publish(trainer, log_dir, report, scalars, step=_epoch_end_step(trainer), title="fit")
+
+    # -- test and predict --------------------------------------------------------------------
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._inference = InferenceRecorder(self._clock)
+
+    def on_test_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._inference.start_batch()
+
+    def on_test_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._inference.end_batch(extract_batch_size(batch))
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._finish_inference(trainer, pl_module, "test")
+
+    # predict is timed exactly as test is
+    on_predict_start = on_test_start
+    on_predict_batch_start = on_test_batch_start
+    on_predict_batch_end = on_test_batch_end
+
+    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._finish_inference(trainer, pl_module, "predict")
+
+    def _finish_inference(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._clock.wait()
+        records = self._gather(trainer, self._inference.record(self.warmup_iterations))
+        log_dir = trainer.log_dir
+        if not trainer.is_global_zero:
+            return
+        labels, memory = memory_entries([m for _, m in records], self._device.type)
+        summary = summarise_inference(stage, [r for r, _ in records], _sample_copies(trainer))
+        report = {**run_description(trainer, pl_module), **summary}
+        work = self._work(trainer, "inference", report[f"{stage}_samples_per_second"])
+        report.update({f"{stage}_tflops_per_second": work["inference_tflops_per_second"], f"{stage}_mfu": work["mfu"]})
+        report.update({f"{stage}_peak_memory_mb": memory, f"{stage}_peak_memory_devices": labels})
+        latency = report[f"{stage}_batch_latency_ms"]
+        scalars = {f"time/{stage}/batch_latency_ms_{k}": v for k, v in latency.items()}
+        for key in ("sample_latency_ms", "samples_per_second", "tflops_per_second", "mfu"):
+            scalars[f"time/{stage}/{key}"] = report[f"{stage}_{key}"]
+        scalars.update({f"memory/{stage}/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
+        self._publish(trainer, log_dir, report, scalars, step=lightning_log_step(trainer), title=stage)
+
+    # -- shared ------------------------------------------------------------------------------
+
+    def _gather(self, trainer: Trainer, record: Any) -> list[tuple[Any, Memory]]:
+        """Every rank's record and peak memory; a collective that every rank calls."""
+        strategy = trainer.strategy
+        width = max(1, trainer.num_devices)
+        return gather_records(
+            record, peak_memory_mb(self._device), trainer.world_size, strategy.all_gather, strategy.root_device, width
+        )
+
+    def _work(self, trainer: Trainer, kind: str, samples_per_second: float | None) -> dict[str, Any]:
+        """TFLOP/s achieved by all devices at ``samples_per_second``, the peak used and the MFU."""
+        per_sample = (self._flops or {}).get(kind)
+        achieved = per_sample * samples_per_second / 1e12 if per_sample and samples_per_second else None
+        peak = self.peak_tflops or _device_peak_tflops(self._device, str(trainer.precision))
+        devices = trainer.num_devices * trainer.num_nodes
+        total_peak = peak * devices if peak else None
+        mfu = flops.mfu(achieved, total_peak)
+        # Not rounded to a few decimals: on a CPU these are 1e-4 TFLOP/s and less.
+        return {f"{kind}_tflops_per_second": clean(achieved, 9), "peak_tflops": peak, "mfu": clean(mfu, 9)}
+
+    def _publish(
+        self,
+        trainer: Trainer,
+        log_dir: str | None,
+        report: dict[str, Any],
+        scalars: dict[str, float | None],
+        step: int,
+        title: str,
+    ) -> None:
+        """Rank 0: TensorBoard scalars, the merged ``timing.json`` and the printed table."""
+        _log_scalars(trainer, scalars, step)
+        report = {**report, "model_flops_per_sample": self._flops, "environment": run_environment()}
+        if trainer.loggers and log_dir is not None:
+            self.report = update_timing_json(Path(log_dir) / "timing.json", report)
+        else:
+            self.report = report
+        print(format_table(report, title), flush=True)
+
+
+# FLOP counts by network structure and input: a process that runs fit, then test (or a test suite that runs
+# many short fits) counts each network once.
+_FLOPS_OF: dict[tuple, dict[str, float]] = {}
+
+
+def _count_flops(trainer: Trainer, pl_module: LightningModule) -> dict[str, float] | None:
+    """FLOPs per training and inference sample of ``pl_module.net`` at the data module's image size;
+    None where either is unknown (a module without ``net``, data without ``image_size``). Rank 0
+    only: it alone reports them."""
+    net = getattr(pl_module, "net", None)
+    image_size = data_settings(trainer).get("image_size")
+    if not trainer.is_global_zero or not isinstance(net, nn.Module) or not image_size:
+        return None
+    channels_last = bool(pl_module.hparams.get("channels_last"))
+    shapes = tuple((name, tuple(p.shape)) for name, p in net.named_parameters())
+    key = (type(net).__qualname__, shapes, image_size, channels_last)
+    if key not in _FLOPS_OF:
+        _FLOPS_OF[key] = flops.model_flops_per_sample(net, image_size, channels_last=channels_last)
+    return _FLOPS_OF[key]
+
+
+def _sample_copies(trainer: Trainer) -> int:
+    """How many ranks see each sample: 1, or every stage of a pipeline (which then counts it once)."""
+    return getattr(trainer.strategy, "sample_copies", 1)
+
+
+def _gather_bubble(trainer: Trainer, scope: str) -> list[float] | None:
+    """Every rank's measured pipeline bubble over the epoch or the fit (the strategy's
+    ``bubble_fraction``), None for a strategy without one; a collective where there is one."""
+    measure = getattr(trainer.strategy, "bubble_fraction", None)
+    if measure is None:
+        return None
+    value = measure(scope)
+    local = torch.tensor([math.nan if value is None else value], device=trainer.strategy.root_device)
+    return [float(v) for v in trainer.strategy.all_gather(local).reshape(-1).cpu()]
+
+
+def _device_peak_tflops(device: torch.device, precision: str) -> float | None:
+    """The dense peak of a CUDA device at ``precision`` from the table of known GPUs; None elsewhere.
+    float32 convolutions count at the TF32 rate when cuDNN is allowed to use it (torch's default)."""
+    if device.type != "cuda":
+        return None
+    return flops.peak_tflops(torch.cuda.get_device_name(device), precision, tf32=flops.convolutions_use_tf32())
+
+
+def _log_scalars(trainer: Trainer, metrics: dict[str, float | None], step: int) -> None:
+    """Rank 0 writes straight to the loggers: ``self.log`` is not allowed in the end hooks, and
+    would average across ranks where the slowest rank is wanted."""
+    present = {k: v for k, v in metrics.items() if v is not None and not math.isnan(v)}
+    for logger in trainer.loggers:
+        logger.log_metrics(present, step=step)
+
+
+def _epoch_end_step(trainer: Trainer) -> int:
+    """The x of a training epoch's figures: the step Lightning logs the epoch's ``train/acc`` and
+    ``val/acc`` at (its last optimizer step), so time and memory share the loss curves' axis."""
+    return max(lightning_log_step(trainer) - 1, 0)
+
+
+def _short_name(obj: object, suffix: str) -> str:
+    """``DDPStrategy`` -> ``ddp``, ``CUDAAccelerator`` -> ``cuda``; a registered name if the class has one."""
+    registered = getattr(type(obj), "strategy_name", None)
+    return registered or type(obj).__name__.removesuffix(suffix).lower()
+
+
+def run_description(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+    """What was run: the settings a reader needs to compare two ``timing.json`` files."""
+    datamodule_hparams = data_settings(trainer)
+    return {
+        "strategy": _short_name(trainer.strategy, "Strategy"),
+        "accelerator": _short_name(trainer.accelerator, "Accelerator"),
+        "devices": trainer.num_devices,
+        "num_nodes": trainer.num_nodes,
+        "world_size": trainer.world_size,
+        "arch": pl_module.hparams.get("arch"),
+        "image_size": datamodule_hparams.get("image_size"),
+        "batch_size": datamodule_hparams.get("batch_size"),  # global: the data module splits it across ranks
+        "precision": str(trainer.precision),
+    }
+
+
+def update_timing_json(path: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``report`` into the JSON file at ``path`` (fit and test each add their keys) and
+    return the merged content. Written under a temporary name and renamed, so a reader (the
+    bench) never sees half a file."""
+    merged = json.loads(path.read_text()) if path.is_file() else {}
+    merged.update(report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(merged, indent=2) + "\n")
+    os.replace(temporary, path)
+    return merged

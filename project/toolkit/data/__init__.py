@@ -1,0 +1,51 @@
+"""The generic data machinery for image sets held in memory; a data set is one small subclass of
+:class:`ImageArrayDataModule` in the template layer (``project/data/<name>.py``).
+
+- :mod:`.augmentation`: the training augmentation as pure functions of ``(seed, epoch, image index)``,
+  for one image or a batch, on any device;
+- :mod:`.samplers`: the resumable training sampler and the evaluation batch sampler that gives every
+  process as many batches;
+- :mod:`.datasets`: the Datasets over uint8 image arrays that the loaders read;
+- :mod:`.datamodule`: :class:`ImageArrayDataModule`, the data module that serves any such arrays (both
+  pipelines, the global batch split across processes).
+"""
+
+from project.toolkit.data.augmentation import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    PADDING,
+    augment,
+    crop_and_flip,
+    draw_crops_and_flips,
+    to_model_input,
+)
+from project.toolkit.data.datamodule import ImageArrayDataModule
+from project.toolkit.data.datasets import (
+    AugmentedImages,
+    AugmentKeys,
+    ImageArrayDataset,
+    IndexBatches,
+    Indices,
+    crop_and_flip_of,
+)
+from project.toolkit.data.samplers import EpochIndex, EvenBatchSampler, TrainingSampler
+
+__all__ = [
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "PADDING",
+    "AugmentKeys",
+    "AugmentedImages",
+    "EpochIndex",
+    "EvenBatchSampler",
+    "ImageArrayDataModule",
+    "ImageArrayDataset",
+    "IndexBatches",
+    "Indices",
+    "TrainingSampler",
+    "augment",
+    "crop_and_flip",
+    "crop_and_flip_of",
+    "draw_crops_and_flips",
+    "to_model_input",
+]

@@ -1,0 +1,312 @@
+"""A LightningDataModule for any image classification set that fits in memory as uint8 arrays.
+
+A data set is a small subclass of :class:`ImageArrayDataModule` that says how to get its arrays
+(``num_classes``, ``image_shape``, :meth:`~ImageArrayDataModule.load_split`, and
+:meth:`~ImageArrayDataModule.prepare_files` if it downloads); :class:`project.data.CIFAR10DataModule`
+is one. Everything else is here, the same for every data set:
+
+- ``batch_size`` is the GLOBAL batch: the data module splits it across the processes of the run,
+  and refuses one that does not divide;
+- a seeded validation split held out of the training images, apart from the training seed;
+- ``synthetic=True``: random images of the data set's shape, with no disk and no network;
+- training that is reproducible whatever the number of DataLoader workers, and can resume in the
+  middle of an epoch: the order of an epoch and the augmentation of every image depend only on
+  ``(seed, epoch, image index)`` (see :class:`~project.toolkit.data.samplers.TrainingSampler` and
+  :mod:`project.toolkit.data.augmentation`);
+- evaluation that sees every image exactly once across processes, in as many batches on each;
+- ``on_device=True``: the whole data set kept on the accelerator and augmented there, in batches,
+  the loaders carrying only indices.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.utils.data import DataLoader, Dataset
+
+from project.toolkit.data.augmentation import augment, to_model_input
+from project.toolkit.data.datasets import AugmentedImages, AugmentKeys, ImageArrayDataset, IndexBatches, Indices
+from project.toolkit.data.samplers import EvenBatchSampler, TrainingSampler
+from project.toolkit.errors import DataError
+from project.toolkit.log import get_logger
+
+log = get_logger(__name__)
+
+
+class ImageArrayDataModule(LightningDataModule):
+    """An image classification set held in memory as uint8 ``(N, H, W, 3)`` arrays, for training
+    on one process or many, with DataLoader workers or on the accelerator.
+
+    A subclass is one data set: it sets ``num_classes`` and ``image_shape`` and defines
+    :meth:`load_split` (and :meth:`prepare_files` if its files can be downloaded). Its docstring's
+    ``Args`` may restate the options below in the data set's terms: the CLI shows the subclass's.
+
+    Args:
+        data_dir: Folder that holds (or will hold) the data set's files.
+        download: Download the data set if its files are missing.
+        image_size: Side of the square images fed to the model: the images are resized to it.
+        batch_size: GLOBAL batch size: each of the run's N processes loads ``batch_size / N``.
+        num_workers: DataLoader worker processes per training process; ``None`` picks
+            ``min(4, CPUs per process)``. Any number gives the same images: each image's
+            augmentation depends only on (seed, epoch, image index).
+        val_size: Training images held out (a seeded random choice) for validation; 0 trains on every
+            image, without validation.
+        synthetic: Use random images and labels instead of files: no disk, no network.
+        synthetic_size: Training-set size of the synthetic data (its test set is a fifth of it).
+        split_seed: Seed of the validation split and of the synthetic data; kept apart from the
+            training seed so the split stays put when the training seed changes.
+        on_device: Keep all images (uint8) on the accelerator and crop, flip, resize and normalise
+            whole batches there, with no DataLoader workers; the loaders then carry only image
+            indices. The same images as the default (``false``), made where the CPU cannot hold
+            back a fast accelerator.
+    """
+
+    num_classes: int
+    """How many classes; the CLI links it to ``model.num_classes``, so it is never typed twice."""
+    image_shape: tuple[int, int, int]
+    """``(height, width, 3)`` of one image as :meth:`load_split` gives it; the synthetic data's too."""
+
+    def __init__(
+        self,
+        data_dir: str = "data",
+        download: bool = True,
+        image_size: int = 112,
+        batch_size: int = 256,
+        num_workers: int | None = None,
+        val_size: int = 5000,
+        synthetic: bool = False,
+        synthetic_size: int = 50_000,
+        split_seed: int = 0,
+        on_device: bool = False,
+    ) -> None:
+        super().__init__()
+        for name, value, low in (
+            ("image_size", image_size, 1),
+            ("batch_size", batch_size, 1),
+            ("val_size", val_size, 0),  # 0: train on every image, no validation
+            ("synthetic_size", synthetic_size, 2),
+        ):
+            if value < low:
+                raise DataError(f"data.{name}={value} is not allowed: it must be an integer >= {low}")
+        if num_workers is not None and num_workers < 0:
+            raise DataError(
+                f"data.num_workers={num_workers} is not allowed: use an integer >= 0, or null for automatic"
+            )
+        if on_device and num_workers:
+            log.warning("data.num_workers=%d is ignored: data.on_device=true needs no workers", num_workers)
+        self.save_hyperparameters()
+        self.data_dir = Path(data_dir)
+        self.label_names: list[str] = [str(i) for i in range(self.num_classes)]
+        self._datasets: dict[str, ImageArrayDataset] = {}
+        # on_device: each split's images (uint8, N x 3 x H x W) and labels on the accelerator
+        self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # -- what a data set says: how to get its arrays -------------------------------------------
+
+    def prepare_files(self) -> None:
+        """Make the files :meth:`load_split` reads available: download them if they are missing
+        (and ``download`` is true), or say where they should be. Runs once per node, before any
+        process reads, and not at all for synthetic data. Nothing to do by default."""
+
+    def load_split(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The training images and labels (``train=True``) or the test ones: uint8
+        ``(N, *image_shape)`` and integer labels in ``0..num_classes - 1``. Runs on every process;
+        may set ``self.label_names``. Not called for synthetic data."""
+        raise NotImplementedError(f"{type(self).__name__} must define load_split: how to read its images")
+
+    # -- preparing: once per node, before any other rank reads --------------------------------
+
+    def prepare_data(self) -> None:
+        if not self.hparams.synthetic:
+            self.prepare_files()
+
+    # -- setting up: on every rank -------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        """The processes that split each batch between them: every process, unless the strategy shows
+        each sample to several (``sample_copies``: every stage of ``pipeline`` reads the whole batch)."""
+        return self._replica()[0]
+
+    def _replica(self) -> tuple[int, int]:
+        """``(replicas, this process's replica)``: how the batches are dealt out."""
+        if self.trainer is None:
+            return 1, 0
+        copies = getattr(self.trainer.strategy, "sample_copies", 1)
+        return self.trainer.world_size // copies, self.trainer.global_rank // copies
+
+    @property
+    def per_process_batch_size(self) -> int:
+        return self.hparams.batch_size // self.world_size
+
+    def setup(self, stage: str) -> None:
+        world, batch = self.world_size, self.hparams.batch_size
+        if batch % world:
+            raise DataError(
+                f"data.batch_size={batch} is the global batch and must divide evenly across the "
+                f"{world} processes of this run; use a multiple of {world}"
+            )
+        size = self.hparams.image_size
+        if stage in ("fit", "validate") and "train" not in self._datasets:
+            images, labels = self._load(train=True)
+            if not 0 <= self.hparams.val_size < len(images):
+                raise DataError(
+                    f"data.val_size={self.hparams.val_size} is not allowed: it must lie between 0 (no validation) "
+                    f"and {len(images) - 1} (the data set has {len(images)} training images)"
+                )
+            order = np.random.default_rng(self.hparams.split_seed).permutation(len(images))
+            val, train = order[: self.hparams.val_size], order[self.hparams.val_size :]
+            self._datasets["train"] = AugmentedImages(images[train], labels[train], size)
+            self._datasets["val"] = ImageArrayDataset(
+                images[val], labels[val], partial(to_model_input, image_size=size)
+            )
+        if stage in ("test", "predict") and "test" not in self._datasets:
+            test = ImageArrayDataset(*self._load(train=False), partial(to_model_input, image_size=size))
+            self._datasets["test"] = test
+        if self.hparams.on_device:
+            self._move_to_device({"fit": ("train", "val"), "validate": ("val",)}.get(stage, ("test",)))
+
+    def _move_to_device(self, splits: tuple[str, ...]) -> None:
+        """on_device: copy the images and labels of ``splits`` to the accelerator, once. Lightning
+        sets up the strategy (and so the device of this process) before the data."""
+        if self.trainer is None:
+            raise DataError("data.on_device=true needs a Trainer, whose accelerator holds the images")
+        device = self.trainer.strategy.root_device
+        for split in splits:
+            if split not in self._on_device:
+                dataset = self._datasets[split]
+                images = torch.from_numpy(dataset.images).to(device).permute(0, 3, 1, 2).contiguous()
+                self._on_device[split] = images, torch.from_numpy(dataset.labels).to(device)
+        # Lightning advises more workers for a loader with fewer than 2; these carry indices only.
+        warnings.filterwarnings("ignore", message=r"The '\w+_dataloader' does not have many workers")
+
+    def _load(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Images and labels of the training or the test split (or their synthetic twin)."""
+        if self.hparams.synthetic:
+            count = self.hparams.synthetic_size if train else max(1, self.hparams.synthetic_size // 5)
+            rng = np.random.default_rng([self.hparams.split_seed, int(train)])
+            images = rng.integers(0, 256, (count, *self.image_shape), dtype=np.uint8)
+            return images, rng.integers(0, self.num_classes, count)
+        return self._checked(*self.load_split(train), where=f"{type(self).__name__}.load_split(train={train})")
+
+    def _checked(self, images: Any, labels: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
+        """The arrays a data set gave, refused here, naming it, unless the pipelines can take them: the
+        loaders index uint8 ``(N, *image_shape)`` images, and the model trusts the labels (its metrics
+        do not check them every batch, which would wait on the device)."""
+        if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.shape[1:] == self.image_shape):
+            shape = ", ".join(map(str, self.image_shape))
+            found = f"{getattr(images, 'dtype', type(images).__name__)} of shape {getattr(images, 'shape', None)}"
+            raise DataError(f"{where}: images must be uint8 of shape (N, {shape}); found {found}")
+        labels = np.asarray(labels)
+        if labels.shape != (len(images),) or labels.dtype.kind not in "iu":
+            raise DataError(
+                f"{where}: {len(images)} images need as many integer labels; found {labels.dtype} {labels.shape}"
+            )
+        if len(labels) and (labels.min() < 0 or labels.max() >= self.num_classes):
+            raise DataError(
+                f"{where}: labels must lie in 0..{self.num_classes - 1}; found {labels.min()}..{labels.max()}"
+            )
+        return images, labels.astype(np.int64, copy=False)
+
+    # -- loaders -----------------------------------------------------------------------------
+
+    def _loader(self, split: str, train: bool = False, predict: bool = False) -> DataLoader:
+        dataset: Dataset = self._datasets[split]
+        if self.hparams.on_device:  # indices only: on_after_batch_transfer makes them images
+            dataset = AugmentKeys(len(dataset)) if train else Indices(len(dataset))
+        world, rank = self._replica()
+        workers = self.num_workers
+        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        pin = on_cuda and not self.hparams.on_device  # index batches are too small to gain from it
+        # A generator of its own: a DataLoader draws its workers' base seed when it starts iterating,
+        # from torch's global generator by default, and how often it does (once with persistent
+        # workers, every epoch without) would then shift the dropout masks the model draws after it.
+        # Nothing in loading is random otherwise: the samplers and the augmentation have their own seeds.
+        common = {
+            "num_workers": workers,
+            "pin_memory": pin,
+            "persistent_workers": workers > 0,
+            "generator": torch.Generator().manual_seed(0),
+        }
+        if world > 1 and not train and not predict:
+            # Every image exactly once across the ranks (the default sampler pads the last shard with
+            # repeats), so distributed val/test metrics equal a single-process evaluation; and as many
+            # batches on every rank, which fsdp needs (see EvenBatchSampler).
+            batches = EvenBatchSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank)
+            return DataLoader(IndexBatches(dataset), batch_size=None, sampler=batches, **common)
+        sampler = None
+        if train:
+            # Our own sampler even on one process: its order depends only on (seed, epoch), which
+            # Lightning advances with set_epoch every epoch, so every rank sees a disjoint shard,
+            # reshuffled each epoch, and a resumed run sees the same order as an unbroken one.
+            # drop_last: the few images that do not divide across the ranks sit this epoch out (as
+            # an incomplete last batch does) instead of being repeated on some rank. The sampler also
+            # hands each image its augmentation's (seed, epoch), and can start an epoch mid-way.
+            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+            sampler = TrainingSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank, seed=seed)
+        elif world > 1:
+            # predict: every image once, in batches of batch_size, which Lightning can track the image
+            # indices of (it does so only for a loader that batches by itself).
+            sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
+        return DataLoader(
+            dataset,
+            batch_size=self.per_process_batch_size,
+            sampler=sampler,
+            drop_last=train,  # equal-sized training steps; evaluation sees every image
+            **common,
+        )
+
+    @property
+    def num_workers(self) -> int:
+        if self.hparams.on_device:
+            return 0
+        if self.hparams.num_workers is not None:
+            return self.hparams.num_workers
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        processes_here = self.trainer.num_devices if self.trainer is not None else 1
+        return max(1, min(4, cpus // max(1, processes_here)))
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test", predict=True)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """on_device: turn a batch of indices, now on the accelerator, into ``(images, labels)``:
+        training batches (rows ``[index, dy, dx, flip]``, see :class:`AugmentKeys`) cropped, flipped,
+        resized and normalised, evaluation batches resized and normalised, all in one go. The
+        result is converted as Lightning converts a loaded batch for the run's precision."""
+        if not self.hparams.on_device:
+            return batch
+        size = self.hparams.image_size
+        if self.trainer.training:
+            images, labels = self._on_device["train"]
+            index = batch[:, 0]
+            batch = augment(images[index], batch[:, 1:], size), labels[index]
+        else:
+            images, labels = self._on_device["test" if self.trainer.testing or self.trainer.predicting else "val"]
+            batch = to_model_input(images[batch], size), labels[batch]
+        return self.trainer.precision_plugin.convert_input(batch)
+
+
+def data_settings(trainer: Any) -> Mapping[str, Any]:
+    """The settings of ``trainer``'s data module (its hparams: ``image_size``, ``batch_size``, ...);
+    empty for a Trainer given dataloaders instead of a data module."""
+    return getattr(trainer.datamodule, "hparams", {}) if trainer.datamodule is not None else {}

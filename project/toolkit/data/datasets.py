@@ -1,0 +1,121 @@
+"""The Datasets of the generic pipeline, all over images held in memory as uint8 ``(N, H, W, 3)``.
+
+:class:`ImageArrayDataset` gives evaluation images; :class:`AugmentedImages` gives training images
+augmented as a function of ``(seed, epoch, image index)`` (an :class:`~project.toolkit.data.samplers.EpochIndex`
+key); :class:`Indices` and :class:`AugmentKeys` stand in for them under ``--data.on_device=true``, where
+the images wait on the accelerator; :class:`IndexBatches` reads a whole batch at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, default_collate
+
+from project.toolkit.data.augmentation import augment, draw_crops_and_flips
+from project.toolkit.data.samplers import EpochIndex
+
+
+class ImageArrayDataset(Dataset):
+    """Images held in memory as uint8 ``(N, H, W, 3)`` with integer labels; each item is a
+    ``(C, H, W)`` tensor passed through ``transform``.
+
+    >>> ds = ImageArrayDataset(np.zeros((2, 32, 32, 3), np.uint8), np.array([3, 7]))
+    >>> image, label = ds[1]
+    >>> tuple(image.shape), label
+    ((3, 32, 32), 7)
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Callable | None = None) -> None:
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = torch.from_numpy(self.images[index]).permute(2, 0, 1)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.labels[index])
+
+
+def crop_and_flip_of(key: EpochIndex, count: int) -> np.ndarray:
+    """``(dy, dx, flip)`` of training image ``key`` of ``count`` in the key's epoch and run."""
+    if not isinstance(key, EpochIndex):
+        raise TypeError(f"training images are drawn by EpochIndex (from a TrainingSampler), not {key!r}")
+    return draw_crops_and_flips(key.seed, key.epoch, count)[key]
+
+
+class AugmentedImages(ImageArrayDataset):
+    """The training images, each item ``key`` (an :class:`EpochIndex`) augmented with the crop and
+    flip that :func:`~project.toolkit.data.augmentation.draw_crops_and_flips` gives image ``key`` in epoch
+    ``key.epoch`` of a run seeded ``key.seed``: the same tensor whichever worker loads it, in
+    whatever order, and the same as ``--data.on_device=true`` makes of it.
+
+    >>> ds = AugmentedImages(np.zeros((3, 32, 32, 3), np.uint8), np.array([3, 7, 1]), image_size=48)
+    >>> image, label = ds[EpochIndex(1, seed=0, epoch=0)]
+    >>> tuple(image.shape), label
+    ((3, 48, 48), 7)
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, image_size: int) -> None:
+        super().__init__(images, labels)
+        self.image_size = image_size
+
+    def __getitem__(self, key: EpochIndex) -> tuple[torch.Tensor, int]:
+        params = torch.tensor(crop_and_flip_of(key, len(self)))[None]
+        image = torch.from_numpy(self.images[key : key + 1]).permute(0, 3, 1, 2)
+        return augment(image, params, self.image_size)[0], int(self.labels[key])
+
+
+class Indices(Dataset):
+    """For ``--data.on_device=true``: item ``i`` is just ``i``; the images wait on the accelerator
+    and :meth:`CIFAR10DataModule.on_after_batch_transfer` looks them up there.
+
+    >>> default_collate([Indices(5)[i] for i in (4, 1)]).tolist()
+    [4, 1]
+    """
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> int:
+        return int(index)
+
+
+class AugmentKeys(Indices):
+    """For ``--data.on_device=true`` training: item ``key`` (an :class:`EpochIndex`) is
+    ``[index, dy, dx, flip]``, the image and the augmentation :class:`AugmentedImages` would give
+    it, drawn here on the CPU so the accelerator never waits on a look-up.
+
+    >>> AugmentKeys(5)[EpochIndex(2, seed=0, epoch=0)].tolist() == [2, *draw_crops_and_flips(0, 0, 5)[2]]
+    True
+    """
+
+    def __getitem__(self, key: EpochIndex) -> torch.Tensor:
+        return torch.tensor([int(key), *crop_and_flip_of(key, self.count).tolist()])
+
+
+class IndexBatches(Dataset):
+    """``dataset`` read a whole batch at a time: item ``[i, j, ...]`` is the collated batch of those
+    images, for a DataLoader whose sampler yields lists of indices (``batch_size=None``).
+
+    >>> images, labels = IndexBatches(ImageArrayDataset(np.zeros((3, 32, 32, 3), np.uint8), np.arange(3)))[[0, 2]]
+    >>> tuple(images.shape), labels.tolist()
+    ((2, 3, 32, 32), [0, 2])
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, indices: list[int]) -> Any:
+        return default_collate([self.dataset[i] for i in indices])

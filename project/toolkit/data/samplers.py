@@ -1,0 +1,140 @@
+"""The samplers of the generic pipeline: which images a process loads, in what order.
+
+Training: :class:`TrainingSampler` deals each process a disjoint shard, reshuffled every epoch, as
+:class:`EpochIndex` keys that carry ``(seed, epoch)`` along with the image index, so an image's
+augmentation can be looked up wherever the key goes, and an epoch can start at any batch.
+Evaluation under several processes: :class:`EvenBatchSampler` gives every image exactly once and
+every process the same number of batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import Dataset, DistributedSampler
+
+from project.toolkit.errors import DataError
+
+
+class EpochIndex(int):
+    """An image index that also carries the ``(seed, epoch)`` it is drawn for, so that the image's
+    augmentation can be looked up wherever the index goes -- in a DataLoader worker that was started
+    epochs ago, too. It is an ``int`` everywhere else (equal to, hashed and JSON-encoded as its
+    index).
+
+    >>> key = EpochIndex(7, seed=42, epoch=3)
+    >>> key == 7, key.epoch, key
+    (True, 3, EpochIndex(7, seed=42, epoch=3))
+    """
+
+    seed: int
+    epoch: int
+
+    def __new__(cls, index: int, seed: int, epoch: int) -> EpochIndex:
+        key = super().__new__(cls, index)
+        key.seed, key.epoch = seed, epoch
+        return key
+
+    def __reduce__(self) -> tuple[type, tuple[int, int, int]]:  # to and from the worker processes
+        return EpochIndex, (int(self), self.seed, self.epoch)
+
+    def __repr__(self) -> str:
+        return f"EpochIndex({int(self)}, seed={self.seed}, epoch={self.epoch})"
+
+
+class TrainingSampler(DistributedSampler):
+    """This process's share of the training images for one epoch, as :class:`EpochIndex` keys.
+
+    The order is DistributedSampler's: the images shuffled by ``seed + epoch``, dealt out to the
+    ``num_replicas`` processes in turn, the few that do not divide evenly left out this epoch
+    (``drop_last``). Lightning calls :meth:`set_epoch` before every epoch, so every process sees a
+    disjoint shard, reshuffled each epoch, and a resumed run sees the order of an unbroken one.
+
+    To resume in the middle of an epoch, :meth:`resume_at` leaves out the batches the interrupted
+    run had trained on. ``len()`` stays the length of the whole shard: Lightning counts those
+    batches as done already.
+
+    >>> sampler = TrainingSampler(range(6), batch_size=2, num_replicas=1, rank=0, seed=0)
+    >>> sampler.set_epoch(1)
+    >>> order = list(sampler)
+    >>> sampler.resume_at(epoch=1, batches_done=2)
+    >>> list(sampler) == order[4:], len(sampler), order[4]
+    (True, 6, EpochIndex(3, seed=0, epoch=1))
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.batch_size = batch_size
+        self.batches_done = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Shuffle for ``epoch``. Moving to another epoch starts it from its first batch; setting the
+        epoch it is at already (as Lightning does after :meth:`resume_at`) keeps the batches done."""
+        if epoch != self.epoch:
+            self.batches_done = 0
+        super().set_epoch(epoch)
+
+    def resume_at(self, epoch: int, batches_done: int) -> None:
+        """Go to ``epoch`` and leave out the first ``batches_done`` batches of this process's shard
+        in every iteration until :meth:`set_epoch` moves to another epoch.
+
+        For a callback that resumes a run from a checkpoint taken in the middle of an epoch. The
+        sampler is ``trainer.train_dataloader.sampler``. In ``on_train_start`` (Lightning calls no
+        ``on_train_epoch_start`` for an epoch it resumes mid-way), call
+        ``resume_at(trainer.current_epoch, batches_done)`` with the batches of that epoch the
+        checkpoint has trained on, then ``iter()`` Lightning's data fetcher, whose iterator was made
+        before the checkpoint was loaded. The next image is then the one the interrupted run would
+        have trained on next, with the same augmentation, whatever ``num_workers``.
+        """
+        batches = len(self) // self.batch_size
+        if not 0 <= batches_done <= batches:
+            raise ValueError(f"cannot resume after {batches_done} batches: an epoch has {batches} on this process")
+        super().set_epoch(epoch)
+        self.batches_done = batches_done
+
+    def __iter__(self) -> Iterator[EpochIndex]:
+        order = list(super().__iter__())[self.batches_done * self.batch_size :]
+        return (EpochIndex(index, self.seed, self.epoch) for index in order)
+
+
+class EvenBatchSampler(DistributedSampler):
+    """The evaluation batches of one of ``num_replicas`` processes, each a list of indices.
+
+    Every image is seen exactly once across the processes (process r takes images r, r + N, r + 2N,
+    ...), so metrics reduced across them equal a single-process evaluation. And every process gets
+    the SAME number of batches: under fsdp each forward pass is collective (the processes gather
+    each block's parameters together), so a process with one batch fewer would leave the others
+    waiting forever. Batches hold at most ``batch_size`` images; a process with fewer images than
+    another makes its last batches smaller. It is a DistributedSampler so that Lightning sees the
+    data split already and puts in no sampler of its own.
+
+    >>> [list(EvenBatchSampler(range(5), batch_size=2, num_replicas=2, rank=rank)) for rank in (0, 1)]
+    [[[0, 2], [4]], [[1], [3]]]
+    >>> [[len(batch) for batch in EvenBatchSampler(range(41), 10, num_replicas=2, rank=rank)] for rank in (0, 1)]
+    [[10, 10, 1], [10, 9, 1]]
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
+        own = list(range(rank, len(dataset), num_replicas))
+        count = math.ceil(math.ceil(len(dataset) / num_replicas) / batch_size)  # the largest share's batches
+        if len(own) < count:
+            raise DataError(
+                f"{len(dataset)} evaluation images cannot give each of the {num_replicas} processes the same number "
+                f"of batches of at most {batch_size} (needed so no process waits for another); use a per-process "
+                "batch of 2 or more (data.batch_size >= 2 x processes) and at least one image per process"
+            )
+        self.batches: list[list[int]] = []
+        start = 0
+        for batches_left in range(count, 0, -1):
+            size = min(batch_size, len(own) - start - (batches_left - 1))  # leave an image for each batch to come
+            self.batches.append(own[start : start + size])
+            start += size
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)

@@ -1,0 +1,41 @@
+"""``python -m project``: which program a command line is for, decided before anything heavy is imported.
+
+``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (:mod:`project.toolkit.cli`), which needs torch
+and Lightning: about 6 s of imports before the first line of output. ``bench`` only starts runs and
+reads their results, ``compare`` only reads them, and the top-level help only lists the commands,
+so these answer without importing either (a twentieth of a second), as does a mistyped command.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from project.toolkit.commands import TRAINER_COMMANDS, top_level_help, unknown_command
+
+
+def main(args: list[str] | None = None, model: str = "", data: str = "") -> Any:
+    """Entry point of ``python -m project``; ``args`` replaces ``sys.argv[1:]`` (for tests). ``model`` and
+    ``data`` are the dotted paths of the template's LightningModule and default data set."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(top_level_help())
+        raise SystemExit(0 if argv else 2)
+    if argv[0] == "bench":
+        from project.toolkit.bench import main as bench_main
+
+        bench_main(argv[1:])
+        return
+    if argv[0] == "compare":
+        from project.toolkit.bench.compare import main as compare_main
+
+        compare_main(argv[1:])
+        return
+    if not argv[0].startswith("-") and argv[0] not in TRAINER_COMMANDS:
+        print(f"error: {unknown_command(argv[0])}", file=sys.stderr)
+        raise SystemExit(2)
+    from project.toolkit.cli import main as cli_main  # torch and Lightning: only the trainer commands need them
+
+    return cli_main(
+        None if args is None else argv, model=model, data=data
+    )  # None: LightningCLI reads sys.argv itself, without a warning

@@ -1,0 +1,30 @@
+"""The one exception type the command line turns into a single ``error: ...`` line.
+
+Raise :class:`ProjectError` (or a subclass) for anything the *user* can fix -- a bad option, a
+missing or corrupted data file, a checkpoint that does not exist. The message must name the bad
+value and say what is allowed, because it is all the user will see: no traceback.
+Anything else is a bug and keeps its traceback.
+"""
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class ProjectError(Exception):
+    """An error caused by input the user can change; its message is shown without a traceback."""
+
+
+class DataError(ProjectError):
+    """The data set is missing, incomplete, corrupted or cannot be split as asked."""
+
+
+@contextmanager
+def exit_on_project_error() -> Iterator[None]:
+    """Turn a :class:`ProjectError` raised inside into its one ``error:`` line and exit status 2 (the
+    ``bench`` and ``compare`` commands; the trainer commands do the same in :func:`project.toolkit.cli.main`)."""
+    try:
+        yield
+    except ProjectError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,80 @@
+"""The pipeline bubble: how much of each stage's step time it spends waiting on the other stages
+(:class:`BubbleMeter`, filled by :class:`project.toolkit.strategies.pipeline.PipelineStrategy`, read by the timing
+callback through the strategy's ``bubble_fraction``)."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class BubbleMeter:
+    """The measured pipeline bubble of one process: the share of its training steps' time (the schedule's
+    step: forward, backward and messages) in which its stage did NOT compute, i.e. waited for other stages.
+
+    Compute is the stage's ``forward_one_chunk`` and ``backward_one_chunk`` calls and the loss. On a CPU
+    host times; on CUDA events on the stream, read only when a fraction is asked for (at an epoch's end,
+    where the timing callback waits for the device anyway). The process's first step is left out: it also
+    exchanges the activations' shapes between the stages."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._pending: list[tuple[Any, list[Any]]] = []  # (step interval, compute intervals) not read yet
+        self._compute: list[Any] = []
+        self._steps = 0
+        self.totals = {"epoch": [0.0, 0.0], "fit": [0.0, 0.0]}  # [step seconds, compute seconds]
+
+    def _mark(self) -> Any:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def timed(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function`` with its calls counted as compute."""
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = self._mark()
+            result = function(*args, **kwargs)
+            self._compute.append((start, self._mark()))
+            return result
+
+        return wrapper
+
+    def step(self, run: Callable[[], Any]) -> Any:
+        """Run one training step of the schedule, timed."""
+        self._compute = []
+        start = self._mark()
+        result = run()
+        interval = (start, self._mark())
+        self._steps += 1
+        if self._steps > 1:
+            self._pending.append((interval, self._compute))
+        return result
+
+    def _seconds(self, interval: tuple[Any, Any]) -> float:
+        start, end = interval
+        if self._cuda:
+            end.synchronize()
+            return start.elapsed_time(end) / 1000
+        return end - start
+
+    def fraction(self, scope: str) -> float | None:
+        """The bubble over the steps of this epoch (``epoch``; starts the next epoch's count) or of the
+        whole fit (``fit``); None before any step was measured."""
+        for interval, compute in self._pending:
+            step, busy = self._seconds(interval), sum(self._seconds(c) for c in compute)
+            for totals in self.totals.values():
+                totals[0] += step
+                totals[1] += busy
+        self._pending = []
+        step, busy = self.totals[scope]
+        if scope == "epoch":
+            self.totals["epoch"] = [0.0, 0.0]
+        return max(0.0, 1.0 - busy / step) if step > 0 else None

@@ -1,0 +1,93 @@
+"""One rank's raw timing records: device marks and host times, taken in the hot loop without waiting
+for the device or reading a tensor, and turned into :mod:`project.toolkit.measure.summary` records at the
+epoch or stage boundary, after the one wait for the device there."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from project.toolkit.measure.devices import DeviceClock
+from project.toolkit.measure.stats import after_warmup, describe
+from project.toolkit.measure.summary import EpochRecord, FitRecord, InferenceRecord, nan_for_none
+
+
+class TrainRecorder:
+    """One rank's raw training marks and host times (no device waits, no tensors read)."""
+
+    def __init__(self, clock: DeviceClock, fit_start: float) -> None:
+        self.clock, self.fit_start = clock, fit_start
+        self.iterations: list[float] = []  # seconds, read at each epoch's end
+        self.pending: list[tuple[Any, Any]] = []  # this epoch's (start, end) marks
+        self.val_runs: list[float] = []
+        self.in_epoch = False
+        self.epoch_start = self.last_batch_end = self.val_start = 0.0
+        self.samples, self.data_wait, self.val_in_epoch = 0, 0.0, 0.0
+        self.batch_mark: Any = None
+
+    def start_epoch(self, now: float) -> None:
+        self.in_epoch, self.epoch_start, self.last_batch_end = True, now, now
+        self.samples, self.data_wait, self.val_in_epoch = 0, 0.0, 0.0
+
+    def start_batch(self) -> None:
+        self.data_wait += time.perf_counter() - self.last_batch_end
+        self.batch_mark = self.clock.mark()
+
+    def end_batch(self, samples: int) -> None:
+        self.pending.append((self.batch_mark, self.clock.mark()))
+        self.samples += samples
+        self.last_batch_end = time.perf_counter()
+
+    def start_validation(self, now: float) -> None:
+        self.val_start = now
+
+    def end_validation(self, now: float) -> None:
+        seconds = now - self.val_start
+        self.val_runs.append(seconds)
+        if self.in_epoch:  # validation inside a training epoch is neither training nor data wait
+            self.val_in_epoch += seconds
+            self.last_batch_end += seconds
+
+    def end_epoch(self, now: float) -> EpochRecord:
+        """The epoch just ended; ``now`` was read after waiting for the device, so its marks are done."""
+        self.in_epoch = False
+        self.iterations += [self.clock.seconds(start, end) for start, end in self.pending]
+        self.pending.clear()
+        return EpochRecord(now - self.epoch_start - self.val_in_epoch, self.samples, self.data_wait, self.val_in_epoch)
+
+    def fit_record(self, now: float, warmup: int) -> FitRecord:
+        measured = after_warmup(self.iterations, warmup)
+        stats = describe(measured)
+        val_mean = statistics.fmean(self.val_runs) if self.val_runs else None
+        return FitRecord(
+            now - self.fit_start,
+            *(nan_for_none(stats[k]) for k in ("mean", "std", "p50", "p90")),
+            len(measured),
+            len(self.iterations) - len(measured),
+            nan_for_none(val_mean),
+        )
+
+
+class InferenceRecorder:
+    """One rank's per-batch test or predict marks."""
+
+    def __init__(self, clock: DeviceClock) -> None:
+        self.clock = clock
+        self.marks: list[tuple[Any, Any]] = []
+        self.samples: list[int] = []
+        self.batch_mark: Any = None
+
+    def start_batch(self) -> None:
+        self.batch_mark = self.clock.mark()
+
+    def end_batch(self, samples: int) -> None:
+        self.marks.append((self.batch_mark, self.clock.mark()))
+        self.samples.append(samples)
+
+    def record(self, warmup: int) -> InferenceRecord:
+        """Read after waiting for the device, so every mark is done."""
+        latencies = after_warmup([self.clock.seconds(start, end) for start, end in self.marks], warmup)
+        samples = self.samples[len(self.samples) - len(latencies) :]
+        stats = [nan_for_none(v) for v in describe(latencies).values()]
+        return InferenceRecord(*stats, len(latencies), sum(samples), sum(latencies))

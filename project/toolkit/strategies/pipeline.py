@@ -1,0 +1,354 @@
+"""``pipeline``: the network split into one stage per process, micro-batches pipelined through the stages
+with ``torch.distributed.pipelining`` (GPipe or 1F1B); ``micro_batches=1`` is plain model parallelism,
+stage after stage.
+
+The processes are started as for ddp (the same launcher, so torchrun, SLURM and several nodes work alike);
+each process keeps only its stage's blocks (:mod:`project.toolkit.strategies.stages`) and trains them with its own
+optimizer, on the same schedule as the others. What happens where, for one training step:
+
+- data: every process reads the SAME global batch (the data module sees one data-parallel replica,
+  :attr:`PipelineStrategy.distributed_sampler_kwargs`): the first stage uses its images, the last stage its
+  labels, the stages between ignore both. Reading a batch of CIFAR-sized images costs little next to a
+  stage's compute, and no extra messages are needed;
+- forward and backward: the schedule splits the batch into ``micro_batches`` equal micro-batches, sends the
+  activations forward and their gradients back; the loss is computed on the last stage per micro-batch (the
+  module's ``criterion``, a mean), and the gradients are divided by the number of micro-batches, so they are
+  the gradients of the batch's mean loss;
+- logging: the last stage broadcasts the batch's mean loss and the predicted classes to every process, so
+  the module's metrics are updated alike on every rank and ``self.log`` (rank 0's loggers) is right, once;
+- evaluation (validate, test, predict): the whole batch goes through the stages one after the other
+  (activations sent with point-to-point messages), and the last stage broadcasts the logits;
+- BatchNorm normalises each micro-batch with that micro-batch's own statistics and updates its running
+  statistics once per micro-batch: with ``micro_batches > 1`` training is not the same computation as on
+  one device (smaller BatchNorm batches), only with ``micro_batches=1``;
+- dropout draws its masks on the last stage's process, from a random stream that the schedule's shape
+  inference (the first step of each process) also draws from: the same distribution, other masks;
+- checkpoints: every stage's ``state_dict`` is gathered on rank 0 under the full network's key names, one
+  file a single device loads; the optimizer states are kept per stage, so the pipeline resumes exactly
+  (with the same number of stages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.optim import Optimizer
+
+from project.toolkit.compat import StrategyRegistryType
+from project.toolkit.data.datamodule import data_settings
+from project.toolkit.errors import ProjectError
+from project.toolkit.log import get_logger
+from project.toolkit.measure.bubble import BubbleMeter
+from project.toolkit.strategies.contract import check_module
+from project.toolkit.strategies.stages import (
+    block_costs,
+    build_stage,
+    network_blocks,
+    plan_split,
+    release_other_stages,
+)
+
+log = get_logger(__name__)
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]  # what activations may travel as
+
+
+class PipelineStrategy(DDPStrategy):
+    """One stage of the network per process, micro-batches pipelined through them; registered as ``pipeline``.
+
+    Args:
+        micro_batches: Micro-batches each global batch is split into (the batch must divide by it). 1 is
+            plain model parallelism: the stages run one after the other on the whole batch, and all but one
+            device idle at any time; more fill the pipeline, at the price of smaller batches per kernel
+            (and for BatchNorm, statistics per micro-batch).
+        schedule: ``gpipe`` (all forwards, then all backwards; activations of every micro-batch kept) or
+            ``1f1b`` (one forward, one backward in the steady state; at most as many micro-batches in flight
+            as stages, so less activation memory).
+        split: Where the stages start, comma-separated: the block each stage after the first starts at, e.g.
+            ``layer3`` for ResNet50's stem, layer1, layer2 | layer3, layer4, fc on 2 devices. By default
+            (null) the split is balanced by each block's counted FLOPs at the run's image size.
+        process_group_backend: As for ddp: nccl on GPUs, gloo on CPUs by default.
+    """
+
+    strategy_name = "pipeline"
+
+    def __init__(
+        self,
+        micro_batches: int = 4,
+        schedule: str = "gpipe",
+        split: str | None = None,
+        process_group_backend: str | None = None,
+    ) -> None:
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+            raise ProjectError(
+                f"trainer.strategy.micro_batches={micro_batches!r} is not allowed: it must be an integer >= 1"
+            )
+        if schedule not in SCHEDULES:
+            raise ProjectError(
+                f"trainer.strategy.schedule={schedule!r} is not a schedule; choose one of: {', '.join(SCHEDULES)}"
+            )
+        super().__init__(process_group_backend=process_group_backend)
+        self.micro_batches, self.schedule_name, self.split = micro_batches, schedule, split
+        self.stage_blocks: list[str] = []  # this rank's blocks, by name
+        self.stage_costs: list[float] = []  # every stage's cost (FLOPs, or parameters without an image size)
+        self._stage_module: torch.nn.Module | None = None
+        self._schedule: Any = None
+        self._full_keys: list[str] = []
+        self._own_blocks: list[Any] = []
+        self._gradients: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = []
+        self._meter: BubbleMeter | None = None
+
+    # -- processes, data, timing -------------------------------------------------------------
+
+    def set_world_ranks(self) -> None:
+        # The Trainer calls this as soon as it knows the devices: one device is refused here, before any
+        # process is started or any process group exists.
+        processes = self.num_nodes * self.num_processes
+        if processes < 2:
+            raise ProjectError(
+                f"--trainer.strategy=pipeline splits the network across 2 or more devices; this run has "
+                f"{processes}: set --trainer.devices=2 (or more), or use a single-device strategy"
+            )
+        super().set_world_ranks()
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        """Every stage reads the whole global batch: one data-parallel replica."""
+        return {"num_replicas": 1, "rank": 0}
+
+    @property
+    def sample_copies(self) -> int:
+        """How many processes see each sample (the timing callback counts a sample once)."""
+        return self.world_size
+
+    @property
+    def is_first(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.global_rank == self.world_size - 1
+
+    def bubble_fraction(self, scope: str = "epoch") -> float | None:
+        """This rank's measured bubble over the epoch (or ``fit``); see :class:`BubbleMeter`."""
+        return self._meter.fraction(scope) if self._meter is not None else None
+
+    # -- set-up --------------------------------------------------------------------------------
+
+    def setup(self, trainer: pl.Trainer) -> None:
+        self.accelerator.setup(trainer)
+        module = self.lightning_module
+        check_module(module, "pipeline")
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting:
+            _check_training_settings(trainer, module, self.precision_plugin)
+            batch = data_settings(trainer).get("batch_size")
+            if batch and batch % self.micro_batches:
+                raise ProjectError(
+                    f"data.batch_size={batch} does not split into trainer.strategy.micro_batches={self.micro_batches} "
+                    f"equal micro-batches; use a multiple of {self.micro_batches}"
+                )
+        if self._stage_module is None:
+            self._split(module, trainer)
+        self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self._stage_module = build_stage(module.net, self._own_blocks, module.prepare_images, self.is_last)
+        if fitting:
+            self._meter = BubbleMeter(self.root_device)
+            stage = PipelineStage(self._stage_module, self.global_rank, self.world_size, self.root_device)
+            stage.forward_one_chunk = self._meter.timed(stage.forward_one_chunk)
+            stage.backward_one_chunk = self._meter.timed(stage.backward_one_chunk)
+            loss = self._meter.timed(module.criterion)
+            self._schedule = SCHEDULES[self.schedule_name](stage, n_microbatches=self.micro_batches, loss_fn=loss)
+            self.setup_optimizers(trainer)  # the parameters of this rank's stage only
+        self.setup_precision_plugin()
+        # Instance attributes shadow the module's own methods until teardown removes them.
+        module.training_loss = self._training_loss
+        module.forward = self._forward
+
+    def _split(self, module: pl.LightningModule, trainer: pl.Trainer) -> None:
+        """Plan the stages, keep this rank's blocks in the network and release the others."""
+        net = module.net
+        blocks = network_blocks(net, str(module.hparams.get("arch", "")))
+        image_size = data_settings(trainer).get("image_size")
+        costs = block_costs(net, blocks, image_size)
+        plan = plan_split(blocks, costs, self.world_size, self.split)
+        names = [b.name for b in blocks]
+        self.stage_costs = [sum(costs[names.index(b.name)] for b in stage) for stage in plan]
+        self._own_blocks = plan[self.global_rank]
+        self.stage_blocks = [b.name for b in self._own_blocks]
+        self._full_keys = list(module.state_dict())
+        release_other_stages(net, blocks, self._own_blocks)
+        log.info(
+            "pipeline stage %d/%d: %s .. %s (%.0f%% of the cost), %d micro-batch(es), %s",
+            self.global_rank + 1,
+            self.world_size,
+            self.stage_blocks[0],
+            self.stage_blocks[-1],
+            100 * self.stage_costs[self.global_rank] / sum(self.stage_costs),
+            self.micro_batches,
+            self.schedule_name,
+        )
+
+    # -- training and evaluation --------------------------------------------------------------
+
+    def _training_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The module's ``training_loss`` under the pipeline: one schedule step (forward AND backward of
+        every micro-batch), then the batch's mean loss and predicted classes from the last stage."""
+        if len(labels) % self.micro_batches:
+            raise ProjectError(
+                f"a batch of {len(labels)} images does not split into trainer.strategy.micro_batches="
+                f"{self.micro_batches} equal micro-batches; use a data.batch_size that is a multiple of it "
+                "(with drop_last, every training batch then is)"
+            )
+        parameters = [p for p in self._stage_module.parameters() if p.requires_grad]
+        for p in parameters:  # the stage accumulates into .grad: start from none
+            p.grad = None
+        losses: list[torch.Tensor] = []
+
+        def run() -> Any:
+            if self.is_first:
+                return self._schedule.step(images)
+            if self.is_last:
+                return self._schedule.step(target=labels, losses=losses)
+            return self._schedule.step()
+
+        logits = self._meter.step(run)
+        # Lightning zeroes the gradients between the training step and its backward: kept aside until then.
+        self._gradients = [(p, p.grad) for p in parameters]
+        payload = torch.empty(1 + len(labels), device=self.root_device)
+        if self.is_last:
+            payload[0] = torch.stack([loss.detach() for loss in losses]).mean()
+            payload[1:] = logits.detach().argmax(dim=1)
+        dist.broadcast(payload, src=self.world_size - 1)
+        return payload[0], payload[1:].long()
+
+    def backward(
+        self, closure_loss: torch.Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any
+    ) -> torch.Tensor:
+        """The schedule's step ran the backward of every micro-batch already; its gradients go back in place."""
+        for p, grad in self._gradients:
+            p.grad = grad
+        self._gradients = []
+        return closure_loss
+
+    def _forward(self, images: torch.Tensor) -> torch.Tensor:
+        """The module's ``forward`` under the pipeline (evaluation): the whole batch through the stages in
+        turn, the logits broadcast from the last stage to every rank."""
+        rank = self.global_rank
+        x = images if self.is_first else _recv(rank - 1, self.root_device)
+        y = self._stage_module(x)
+        if not self.is_last:
+            _send(y, rank + 1, self.root_device)
+        return _broadcast(y if self.is_last else None, self.world_size - 1, self.root_device)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The whole network's state on rank 0, gathered from the stages, in the network's key order (a
+        collective: every rank calls it when a checkpoint is saved)."""
+        local = move_data_to_device(self.lightning_module.state_dict(), "cpu")
+        if not self._full_keys:
+            return local
+        stages: list[Any] | None = [None] * self.world_size if self.is_global_zero else None
+        dist.gather_object(local, stages, dst=0)
+        if not self.is_global_zero:
+            return local
+        merged = {k: v for stage in stages for k, v in stage.items()}
+        return {k: merged[k] for k in self._full_keys if k in merged} | merged
+
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        """Load this rank's slice of a whole network's state (the full network, before the split)."""
+        module = self.lightning_module
+        own = module.state_dict().keys()
+        module.load_state_dict({k: v for k, v in checkpoint["state_dict"].items() if k in own}, strict=strict)
+
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        """Every stage's optimizer state, as ``{"pipeline_stages": [stage 0's, stage 1's, ...]}`` on rank 0."""
+        local = move_data_to_device(super().optimizer_state(optimizer), "cpu")
+        stages: list[Any] | None = [None] * self.world_size if self.is_global_zero else None
+        dist.gather_object(local, stages, dst=0)
+        return {"pipeline_stages": stages} if self.is_global_zero else local
+
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=False):
+            stages = state.get("pipeline_stages") if isinstance(state, Mapping) else None
+            if stages is None or len(stages) != self.world_size:
+                found = f"{len(stages)} stages" if stages is not None else "no pipeline stages"
+                raise ProjectError(
+                    f"this checkpoint's optimizer state has {found}; a pipeline run resumes only from a checkpoint "
+                    f"of a pipeline run with as many devices ({self.world_size}); a single device can test it"
+                )
+            optimizer.load_state_dict(stages[self.global_rank])  # moves the state to the parameters' device
+
+    def teardown(self) -> None:
+        module = self.lightning_module
+        if module is not None:
+            module.__dict__.pop("training_loss", None)
+            module.__dict__.pop("forward", None)
+        self._schedule = None
+        super().teardown()
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: StrategyRegistryType) -> None:
+        strategy_registry.register(
+            "pipeline", cls, description="the network split into stages, micro-batches pipelined", override=True
+        )
+
+
+def _check_training_settings(trainer: pl.Trainer, module: pl.LightningModule, precision: Any) -> None:
+    """Refuse what the pipeline's own backward would silently get wrong."""
+    if not module.automatic_optimization:
+        raise ProjectError("--trainer.strategy=pipeline runs the backward itself: it needs automatic optimization")
+    if trainer.accumulate_grad_batches != 1:
+        raise ProjectError(
+            f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} is not supported by "
+            "--trainer.strategy=pipeline; raise trainer.strategy.micro_batches and data.batch_size instead"
+        )
+    if getattr(precision, "scaler", None) is not None:
+        raise ProjectError("--trainer.precision=16-mixed (loss scaling) is not supported by pipeline; use bf16-mixed")
+    if trainer.gradient_clip_val and trainer.gradient_clip_algorithm != "value":
+        raise ProjectError(
+            "trainer.gradient_clip_val clips by norm, which each stage would compute over its own parameters only; "
+            "with --trainer.strategy=pipeline use --trainer.gradient_clip_algorithm=value"
+        )
+
+
+def _header(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A tensor's rank, shape (up to 6 dimensions) and dtype, as 8 integers."""
+    return torch.tensor([t.dim(), *t.shape, *[0] * (6 - t.dim()), _DTYPES.index(t.dtype)], device=device)
+
+
+def _from_header(header: torch.Tensor, device: torch.device) -> torch.Tensor:
+    values = header.tolist()
+    return torch.empty(values[1 : 1 + values[0]], dtype=_DTYPES[values[7]], device=device)
+
+
+def _send(t: torch.Tensor, dst: int, device: torch.device) -> None:
+    dist.send(_header(t, device), dst)
+    dist.send(t.contiguous(), dst)
+
+
+def _recv(src: int, device: torch.device) -> torch.Tensor:
+    header = torch.empty(8, dtype=torch.int64, device=device)
+    dist.recv(header, src)
+    t = _from_header(header, device)
+    dist.recv(t, src)
+    return t
+
+
+def _broadcast(t: torch.Tensor | None, src: int, device: torch.device) -> torch.Tensor:
+    header = _header(t, device) if t is not None else torch.empty(8, dtype=torch.int64, device=device)
+    dist.broadcast(header, src)
+    out = t.contiguous() if t is not None else _from_header(header, device)
+    dist.broadcast(out, src)
+    return out
