@@ -74,6 +74,7 @@ class ImageClassifier(LightningModule):
     Args:
         arch: torchvision builder name, e.g. ``mobilenet_v2`` or ``resnet50``.
         num_classes: Number of output classes; the CLI links it from the data module.
+        in_channels: Channels of an input image (1 or 3); the CLI links it from the data module.
         lr: Peak learning rate of SGD, reached after the warm-up (0.1 suits global batch 256).
         momentum: SGD momentum.
         nesterov: Use Nesterov momentum.
@@ -93,6 +94,7 @@ class ImageClassifier(LightningModule):
         self,
         arch: str = "mobilenet_v2",
         num_classes: int = 10,
+        in_channels: int = 3,
         lr: float = 0.1,
         momentum: float = 0.9,
         nesterov: bool = True,
@@ -105,7 +107,7 @@ class ImageClassifier(LightningModule):
         super().__init__()
         _check_optimizer_options(lr, momentum, nesterov, weight_decay, label_smoothing, warmup_epochs)
         self.save_hyperparameters()
-        self.net = build_network(arch, num_classes)
+        self.net = build_network(arch, num_classes, in_channels)
         if channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)

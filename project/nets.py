@@ -1,9 +1,16 @@
-"""The bare networks: torchvision classification models, built by name, without pretrained weights.
+"""The networks: a torchvision classifier by name, or your own by dotted path, without pretrained weights.
+
+``--model.arch`` takes either
+- a torchvision builder name (``mobilenet_v2``, ``resnet50``, ...; ``available_archs()`` lists them), or
+- ``package.module.name``: any callable returning an ``nn.Module``, called as
+  ``name(num_classes=..., in_channels=...)`` (both come from the data set).
 
 Kept apart from the LightningModule so a network can be used, tested or swapped on its own.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import torchvision
 from torch import nn
@@ -20,18 +27,60 @@ def available_archs() -> list[str]:
     return torchvision.models.list_models(module=torchvision.models)
 
 
-def build_network(arch: str, num_classes: int) -> nn.Module:
-    """A randomly initialised torchvision classifier with ``num_classes`` outputs.
+def build_network(arch: str, num_classes: int, in_channels: int = 3) -> nn.Module:
+    """A randomly initialised classifier with ``num_classes`` outputs for ``in_channels``-channel images.
 
     >>> net = build_network("mobilenet_v2", num_classes=10)
     >>> net.classifier[-1].out_features
     10
+    >>> build_network("resnet18", num_classes=10, in_channels=1).conv1.in_channels
+    1
     """
+    if num_classes < 2:
+        raise ProjectError(f"model.num_classes={num_classes} is not allowed: it must be an integer >= 2")
+    if in_channels < 1:
+        raise ProjectError(f"model.in_channels={in_channels} is not allowed: it must be an integer >= 1")
+    if "." in arch:
+        return _build_from_path(arch, num_classes, in_channels)
     choices = available_archs()
     if arch not in choices:
         raise ProjectError(
-            f"model.arch={arch!r} is not a torchvision classification model; choose one of: {', '.join(choices)}"
+            f"model.arch={arch!r} is neither a torchvision classification model nor package.module.name; "
+            f"torchvision's are: {', '.join(choices)}"
         )
-    if num_classes < 2:
-        raise ProjectError(f"model.num_classes={num_classes} is not allowed: it must be an integer >= 2")
-    return torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    net = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    return net if in_channels == 3 else _with_input_channels(net, in_channels)
+
+
+def _build_from_path(path: str, num_classes: int, in_channels: int) -> nn.Module:
+    """Call the network factory ``package.module.name`` with the data set's class and channel counts."""
+    module_name, _, name = path.rpartition(".")
+    try:
+        factory = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as err:
+        raise ProjectError(f"model.arch={path!r} cannot be imported ({err}); is its package on PYTHONPATH?") from None
+    net = factory(num_classes=num_classes, in_channels=in_channels)
+    if not isinstance(net, nn.Module):
+        raise ProjectError(f"model.arch={path!r} returned {type(net).__name__}, not an nn.Module")
+    return net
+
+
+def _with_input_channels(net: nn.Module, in_channels: int) -> nn.Module:
+    """``net`` with its first convolution rebuilt for ``in_channels`` input channels (torchvision's
+    networks take 3); everything else, its initialisation included, as built."""
+    for parent in net.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, nn.Conv2d):
+                conv = nn.Conv2d(
+                    in_channels,
+                    child.out_channels,
+                    child.kernel_size,
+                    child.stride,
+                    child.padding,
+                    child.dilation,
+                    child.groups if child.groups == 1 else in_channels,
+                    bias=child.bias is not None,
+                )
+                setattr(parent, name, conv)
+                return net
+    raise ProjectError(f"{type(net).__name__} has no convolution to take {in_channels}-channel images")

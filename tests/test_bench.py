@@ -14,7 +14,7 @@ import matplotlib.pyplot
 import pytest
 import yaml
 
-from project import bench
+from project.toolkit import bench
 from project.toolkit.bench import BenchConfig, Cell, cell_args, expand
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy
 
-from project import compat
+from project.toolkit import compat
 
 
 def test_every_private_name_exists_in_the_installed_lightning() -> None:

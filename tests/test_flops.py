@@ -6,17 +6,23 @@ import functools
 
 import pytest
 import torch
+import torchvision
 from torch import nn
 
-from project.nets import build_network
 from project.toolkit.measure.flops import (
     PEAK_TFLOPS,
-    arch_flops_per_sample,
     convolutions_use_tf32,
     mfu,
     model_flops_per_sample,
     peak_tflops,
 )
+
+
+def arch_flops_per_sample(arch: str, num_classes: int, image_size: int) -> dict[str, int]:
+    """The count of torchvision's ``arch``, built straight on the meta device (no weights are made)."""
+    with torch.device("meta"):
+        net = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    return model_flops_per_sample(net, image_size)
 
 
 @functools.cache
@@ -106,7 +112,9 @@ def test_published_sizes_at_224_px() -> None:
 
 def test_the_network_passed_in_is_unchanged() -> None:
     torch.manual_seed(0)
-    net = build_network("mobilenet_v2", 10)  # BatchNorm: a training-mode forward would move its running stats
+    net = torchvision.models.get_model(
+        "mobilenet_v2", weights=None, num_classes=10
+    )  # BatchNorm: a training-mode forward would move its running stats
     before = {k: v.clone() for k, v in net.state_dict().items()}
     counts = model_flops_per_sample(net, image_size=32)
     assert counts == counted("mobilenet_v2", 32)  # a real network counts as the meta-built one

@@ -122,6 +122,7 @@ class ProjectCLI(LightningCLI):
         if self.default_data:
             parser.set_defaults({"data": {"class_path": self.default_data}})
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.in_channels", "model.in_channels", apply_on="instantiate")
         for name, callback in DEFAULT_CALLBACKS.items():
             parser.add_lightning_class_args(callback, name)
             parser.add_argument(

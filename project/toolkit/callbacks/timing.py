@@ -288,9 +288,12 @@ def _count_flops(trainer: Trainer, pl_module: LightningModule) -> dict[str, floa
         return None
     channels_last = bool(pl_module.hparams.get("channels_last"))
     shapes = tuple((name, tuple(p.shape)) for name, p in net.named_parameters())
-    key = (type(net).__qualname__, shapes, image_size, channels_last)
+    in_channels = int(pl_module.hparams.get("in_channels", 3))
+    key = (type(net).__qualname__, shapes, image_size, channels_last, in_channels)
     if key not in _FLOPS_OF:
-        _FLOPS_OF[key] = flops.model_flops_per_sample(net, image_size, channels_last=channels_last)
+        _FLOPS_OF[key] = flops.model_flops_per_sample(
+            net, image_size, channels_last=channels_last, in_channels=in_channels
+        )
     return _FLOPS_OF[key]
 
 

@@ -74,7 +74,12 @@ class ImageArrayDataModule(LightningDataModule):
     num_classes: int
     """How many classes; the CLI links it to ``model.num_classes``, so it is never typed twice."""
     image_shape: tuple[int, int, int]
-    """``(height, width, 3)`` of one image as :meth:`load_split` gives it; the synthetic data's too."""
+    """``(height, width, channels)`` of one image as :meth:`load_split` gives it; the synthetic data's too."""
+
+    @property
+    def in_channels(self) -> int:
+        """Channels of one image (1 or 3); the CLI links it to ``model.in_channels``, like ``num_classes``."""
+        return self.image_shape[2]
 
     def __init__(
         self,

@@ -82,9 +82,12 @@ def _meta_copy(net: nn.Module) -> nn.Module:
     return model
 
 
-def model_flops_per_sample(net: nn.Module, image_size: int, channels_last: bool = True) -> dict[str, int]:
+def model_flops_per_sample(
+    net: nn.Module, image_size: int, channels_last: bool = True, in_channels: int = 3
+) -> dict[str, int]:
     """FLOPs per image of one training step (``train``: forward and backward) and of inference
-    (``inference``: forward), counted once by running ``net`` on a ``3 x image_size x image_size`` input.
+    (``inference``: forward), counted once by running ``net`` on an ``in_channels x image_size x image_size``
+    input.
 
     What is counted: what :class:`torch.utils.flop_counter.FlopCounterMode` counts -- matrix products and
     convolutions (``mm``, ``addmm``, ``bmm``, ``convolution`` and their backward, attention), at 2 FLOPs per
@@ -98,14 +101,14 @@ def model_flops_per_sample(net: nn.Module, image_size: int, channels_last: bool 
     a ResNet50 at 112 px takes about a second on a CPU), in training mode for ``train`` (BatchNorm then
     needs 2 or more values per channel, hence a batch of 2, halved) and evaluation mode for ``inference``.
     ``channels_last`` runs the copy in the memory layout training uses; the count does not depend on it.
-    Pass a plain network (``project.nets.build_network``): not one wrapped by a strategy (DataParallel,
+    Pass a plain network (the LightningModule's ``net``): not one wrapped by a strategy (DataParallel,
     FSDP's sharded parameters) nor compiled.
 
     >>> model_flops_per_sample(nn.Sequential(nn.Flatten(), nn.Linear(3 * 2 * 2, 5)), image_size=2)
     {'train': 240, 'inference': 120}
     """
     model = _meta_copy(net)
-    images = torch.empty(2, 3, image_size, image_size, device="meta")
+    images = torch.empty(2, in_channels, image_size, image_size, device="meta")
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
         images = images.contiguous(memory_format=torch.channels_last)
@@ -121,20 +124,6 @@ def model_flops_per_sample(net: nn.Module, image_size: int, channels_last: bool 
 
     # Every counted operation's FLOPs are proportional to the batch, so halving the batch-of-2 count is exact.
     return {"train": _counted_flops(train_step) // 2, "inference": _counted_flops(inference) // 2}
-
-
-def arch_flops_per_sample(arch: str, num_classes: int, image_size: int) -> dict[str, int]:
-    """:func:`model_flops_per_sample` of the torchvision network ``arch``, built straight on the ``meta``
-    device (no weights are made, so even a large network costs only the count).
-
-    >>> round(arch_flops_per_sample("resnet50", 1000, 224)["inference"] / 1e9, 2)  # 4.1 GMACs, as published
-    8.18
-    """
-    from project.nets import build_network  # imports torchvision: only when a network is built here
-
-    with torch.device("meta"):
-        net = build_network(arch, num_classes)
-    return model_flops_per_sample(net, image_size)
 
 
 # --------------------------------------------------------------------------- the device's peak
