@@ -65,8 +65,8 @@ def test_default_yaml_equals_the_code_defaults(capsys: pytest.CaptureFixture) ->
     from_file = parsed_config(capsys, f"--config={REPO / 'configs' / 'default.yaml'}")
     from_file.pop("config", None)
     assert from_file == from_code
-    assert from_code["model"]["arch"] == "mobilenet_v2" and from_code["data"]["image_size"] == 112
-    assert from_code["data"]["batch_size"] == 256 and from_code["trainer"]["max_epochs"] == 10
+    assert from_code["model"]["arch"] == "mobilenet_v2" and from_code["data"]["init_args"]["image_size"] == 112
+    assert from_code["data"]["init_args"]["batch_size"] == 256 and from_code["trainer"]["max_epochs"] == 10
 
 
 @pytest.mark.parametrize("arch", ["mobilenet_v2", "resnet50"])

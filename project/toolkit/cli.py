@@ -30,6 +30,7 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib
+import inspect
 import logging
 import os
 import re
@@ -139,10 +140,20 @@ class ProjectCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # a mistyped option: name the nearest one there is
             options = {option for p in self.callback_parsers for a in p._actions for option in a.option_strings}
-            raise ArgumentError(None, with_option_hints(str(err), options)) from None
+            options |= {f"--data.{name}" for name in self._data_parameters()}
+            raise ArgumentError(None, with_option_hints(unknown_nested_option(str(err)), options)) from None
         subcommand = self.config.get("subcommand")
         if subcommand:
             self._resolve_ckpt_path(subcommand)
+
+    def _data_parameters(self) -> list[str]:
+        """The options of the default data set (``--data.<name>``), for the hints to a mistyped one."""
+        if not self.default_data:
+            return []
+        cls = import_object(self.default_data)
+        return [
+            name for klass in cls.__mro__ if "__init__" in vars(klass) for name in inspect.signature(klass).parameters
+        ]
 
     def _resolve_ckpt_path(self, subcommand: str) -> None:
         """Resolve ``--ckpt_path=last|best`` to a file and check the file, before LightningCLI reads the
@@ -292,6 +303,29 @@ def one_line(message: str) -> str:
     'first second'
     """
     return re.sub(r"\s*\n\s*", " ", message.strip())
+
+
+def unknown_nested_option(message: str) -> str:
+    r"""jsonargparse's message about an option of a class chosen by subclass mode (``--data.*``) in the
+    form of the same message for any other option: a value of the wrong type, or an unknown option.
+
+    >>> unknown_nested_option("Parser key 'data': NestedArg(key='batchsize', val='64')")
+    'unrecognized arguments: --data.batchsize=64'
+    >>> parse_error_line(unknown_nested_option(
+    ...     "Parser key 'data': class_path 'x.Data':\n  Parser key 'image_size':\n  Expected a <class 'int'>. "
+    ...     "Got value: big\n  Given value: NestedArg(key='image_size', val='big')"
+    ... ))
+    'data.image_size=big is not allowed; expected int'
+    """
+    group = re.match(r"""Parser key ["'](\w+)["']""", message)
+    nested = re.search(r"NestedArg\(key='([^']+)', val='([^']*)'\)", message)
+    if not (group and nested):
+        return message
+    key, value = nested.groups()
+    expected = re.search(rf"""Parser key ["']{re.escape(key)}["']:\s*(Expected a .+?)\. Got value""", message)
+    if expected:  # a known option, a value of the wrong type
+        return f'Parser key "{group.group(1)}.{key}":\n  {expected.group(1)}. Got value: {value}'
+    return f"unrecognized arguments: --{group.group(1)}.{key}={value}"
 
 
 def parse_error_line(message: str) -> str:

@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 
-PRESETS = Path(__file__).resolve().parents[2] / "configs" / "bench"
+PRESETS = Path(__file__).resolve().parents[3] / "configs" / "bench"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -56,9 +56,7 @@ def cpu_model() -> str:
 
 def template_root() -> Path:
     """The folder that holds the ``project`` package: the template's checkout, when it is one."""
-    import project  # here, not at the top: ``project`` imports Lightning, which this module does not need
-
-    return Path(project.__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[3]  # project/toolkit/measure/environment.py
 
 
 def git_state(repo: Path) -> tuple[str | None, bool | None]:
