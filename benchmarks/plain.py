@@ -62,7 +62,7 @@ def plain_fit(setup: Setup, out: Path) -> dict[str, Any]:
     it returns ``epochs`` as ``timing.json`` has them: seconds from the epoch's start to its last step
     (validation and the checkpoint come after) and images.
     """
-    from project.model import WarmupCosine
+    from project.toolkit.training import WarmupCosine
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     now = SyncingClock(synchronizer(device)).mark  # waits for the device, then reads the host clock

@@ -1,5 +1,7 @@
-"""The LightningModule: image classification with a torchvision network, SGD with a warmed-up
-cosine schedule and cross-entropy, as in the material the template is built from.
+"""The LightningModule: image classification with any network (``--model.arch``, see
+:mod:`project.nets`), SGD with a warmed-up cosine schedule and cross-entropy by default, as in the
+material the template is built from; another optimizer or schedule is an option (``--model.optimizer``,
+``--model.lr_scheduler``).
 
 The module is the same under every strategy and names none of them: what the template's own
 strategies need of it -- the network in ``net``, the loss in ``criterion``, ... -- is the
@@ -18,61 +20,23 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torch.nn import functional as F
-from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from project.nets import build_network
 from project.toolkit.compat import loggers_write_this_step
 from project.toolkit.errors import ProjectError
-
-
-class WarmupCosine:
-    """Learning-rate factor per optimizer step: a linear warm-up to 1 over ``warmup_steps``, then
-    cosine annealing to 0 at ``total_steps`` (for ``torch.optim.lr_scheduler.LambdaLR``).
-
-    >>> factor = WarmupCosine(warmup_steps=10, total_steps=110)
-    >>> [round(factor(step), 3) for step in (0, 9, 10, 60, 110)]
-    [0.1, 1.0, 1.0, 0.5, 0.0]
-    """
-
-    def __init__(self, warmup_steps: int, total_steps: int) -> None:
-        self.warmup_steps, self.total_steps = warmup_steps, total_steps
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        progress = (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-class SampleMean(MeanMetric):
-    """The mean of per-sample values over every batch (and, reduced by torchmetrics, every rank):
-    exact whatever the batch and shard sizes, as each sample weighs the same.
-
-    Unlike :class:`torchmetrics.MeanMetric` an update never reads its input on the host: MeanMetric
-    checks every update for NaN with a Python ``if``, a device sync per batch. Its
-    ``nan_strategy="disable"``, which skips the check, also drops the weights (torchmetrics 1.9), so
-    the sum and the count are kept here. A NaN shows up in the mean rather than being left out.
-
-    >>> mean = SampleMean()
-    >>> mean.update(torch.tensor([1.0, 2.0]))
-    >>> mean.update(torch.tensor([6.0]))
-    >>> mean.compute().item()
-    3.0
-    """
-
-    def update(self, values: torch.Tensor) -> None:  # type: ignore[override]
-        self.mean_value += values.detach().sum(dtype=self.mean_value.dtype)
-        self.weight += values.numel()  # a Python number: no host-to-device copy
+from project.toolkit.training import SampleMean, WarmupCosine
 
 
 class ImageClassifier(LightningModule):
-    """Trains ``arch`` (any torchvision classification model) on ``num_classes`` classes.
+    """Trains ``arch`` (a torchvision name or ``package.module.name``) on ``num_classes`` classes.
 
     Args:
-        arch: torchvision builder name, e.g. ``mobilenet_v2`` or ``resnet50``.
+        arch: A torchvision builder name (``mobilenet_v2``, ``resnet50``, ...) or ``package.module.name`` of a
+            function returning an nn.Module, called with ``num_classes`` and ``in_channels`` (see project/nets.py).
         num_classes: Number of output classes; the CLI links it from the data module.
         in_channels: Channels of an input image (1 or 3); the CLI links it from the data module.
         lr: Peak learning rate of SGD, reached after the warm-up (0.1 suits global batch 256).
@@ -88,6 +52,11 @@ class ImageClassifier(LightningModule):
             compiles. The network is compiled in place, so checkpoints keep the keys of an eager run and
             load into either. Not with DataParallel, which copies the network onto every GPU at each
             step, nor on XLA, which compiles its graphs itself.
+        optimizer: Another optimizer, called with the parameters, e.g. ``--model.optimizer=torch.optim.AdamW
+            --model.optimizer.lr=0.001``; null: SGD with ``lr``, ``momentum``, ``nesterov`` and ``weight_decay``.
+        lr_scheduler: Another schedule, called with the optimizer and stepped once per epoch, e.g.
+            ``--model.lr_scheduler=torch.optim.lr_scheduler.StepLR --model.lr_scheduler.step_size=3``; null:
+            the warm-up (``warmup_epochs``) and cosine annealing, stepped every iteration.
     """
 
     def __init__(
@@ -103,10 +72,13 @@ class ImageClassifier(LightningModule):
         warmup_epochs: float = 1.0,
         channels_last: bool = True,
         compile: bool = False,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
         _check_optimizer_options(lr, momentum, nesterov, weight_decay, label_smoothing, warmup_epochs)
         self.save_hyperparameters()
+        self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.net = build_network(arch, num_classes, in_channels)
         if channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
@@ -201,9 +173,14 @@ class ImageClassifier(LightningModule):
         hp = self.hparams
         # Under a sharding strategy these are the sharded parameters already, so each rank's
         # optimizer keeps state for its own shard only.
-        optimizer = torch.optim.SGD(
-            self.parameters(), lr=hp.lr, momentum=hp.momentum, nesterov=hp.nesterov, weight_decay=hp.weight_decay
-        )
+        if self.optimizer_factory is not None:
+            optimizer = self.optimizer_factory(self.parameters())
+        else:
+            optimizer = torch.optim.SGD(
+                self.parameters(), lr=hp.lr, momentum=hp.momentum, nesterov=hp.nesterov, weight_decay=hp.weight_decay
+            )
+        if self.scheduler_factory is not None:
+            return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}  # once per epoch
         total_steps = int(self.trainer.estimated_stepping_batches)
         steps_per_epoch = math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
         warmup_steps = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))

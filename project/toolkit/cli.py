@@ -381,6 +381,9 @@ def main(args: ArgsType = None, model: str = "", data: str = "") -> ProjectCLI:
             subclass_mode_model=not model,
             subclass_mode_data=True,
             default_data=data or None,
+            # One way to choose the optimizer and schedule: the model's options (--model.optimizer, ...),
+            # which keep the per-step warm-up; LightningCLI's --optimizer would replace configure_optimizers.
+            auto_configure_optimizers=False,
             seed_everything_default=42,
             trainer_defaults={"max_epochs": 10},
             save_config_kwargs={"overwrite": True},

@@ -1,0 +1,108 @@
+"""The two layers, read file by file: the machinery (``project/toolkit/``) never imports the template
+layer (``project.model``, ``project.nets``, ``project.data``, ``project.__main__``), no module imports
+itself back through others (no circles), and the template layer stays small enough to read first.
+
+Every ``import`` and ``from ... import`` counts, also those inside functions: a lazy import is an arrow
+all the same."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "project"
+MACHINERY = "project.toolkit"
+TEMPLATE = ("project.model", "project.nets", "project.data", "project.__main__")
+TEMPLATE_LINE_BUDGET = 600  # Python lines, comments and docstrings included
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
+    """The project modules ``path`` imports: ``from a.b import c`` counts as ``a.b.c`` when that is a
+    module, else as ``a.b``; relative imports are resolved against ``name``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return {module for module in found if module in known}
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports_of(path, name, set(known)) - {name} for name, path in known.items()}
+
+
+def is_template(module: str) -> bool:
+    return any(module == t or module.startswith(f"{t}.") for t in TEMPLATE)
+
+
+def test_the_machinery_never_imports_the_template_layer() -> None:
+    arrows = [
+        f"{source} imports {target}"
+        for source, targets in import_graph().items()
+        if source.startswith(MACHINERY)
+        for target in sorted(targets)
+        if is_template(target)
+    ]
+    assert arrows == []
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    graph = import_graph()
+    circles: list[list[str]] = []
+
+    def visit(module: str, path: list[str], done: set[str]) -> None:
+        for target in sorted(graph[module]):
+            if target in path:
+                circles.append([*path[path.index(target) :], target])
+            elif target not in done:
+                visit(target, [*path, target], done)
+        done.add(module)
+
+    finished: set[str] = set()
+    for module in sorted(graph):
+        if module not in finished:
+            visit(module, [module], finished)
+    # A package that re-exports its submodules is not a circle: `pkg/__init__` -> `pkg.sub` only.
+    assert [" -> ".join(circle) for circle in circles] == []
+
+
+def test_the_check_sees_a_forbidden_arrow_and_a_circle(tmp_path: Path) -> None:
+    """The checks above can fail: a machinery file importing the model, and two files importing each
+    other, written into a scratch copy of the rules."""
+    bad = tmp_path / "project" / "toolkit" / "bad.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("def f():\n    from project.model import ImageClassifier\n    from . import other\n")
+    (bad.parent / "other.py").write_text("from project.toolkit.bad import f\n")
+    known = {"project.model", "project.toolkit.bad", "project.toolkit.other"}
+    assert imports_of(bad, "project.toolkit.bad", known) == {"project.model", "project.toolkit.other"}
+    assert imports_of(bad.parent / "other.py", "project.toolkit.other", known) == {"project.toolkit.bad"}
+
+
+def test_the_template_layer_is_small_enough_to_read_first() -> None:
+    template = {name: path for name, path in modules().items() if is_template(name)}
+    assert {"project.model", "project.nets", "project.data", "project.data.cifar10"} <= set(template)
+    lines = {name: len(path.read_text().splitlines()) for name, path in template.items()}
+    assert sum(lines.values()) <= TEMPLATE_LINE_BUDGET, lines
+
+
+def test_every_module_is_in_one_layer() -> None:
+    """Outside ``project/toolkit/`` only the template layer (and the package's own ``__init__``)."""
+    strays = [name for name in modules() if name != "project" and not name.startswith(MACHINERY)]
+    assert all(is_template(name) for name in strays), strays
