@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import pickle
 import tarfile
 from pathlib import Path
@@ -81,12 +82,11 @@ def cifar_archive(tmp_path_factory: pytest.TempPathFactory, cifar_root: Path) ->
 
 
 @pytest.fixture
-def tiny_args(cifar_root: Path, tmp_path: Path) -> list[str]:
-    """CLI options for a run that takes seconds on a CPU: 32 px, batch 20, no worker processes,
-    every output under this test's tmp_path."""
+def tiny_args(tmp_path: Path) -> list[str]:
+    """CLI options for a run that takes seconds on a CPU: the tests' own data set (tests/fixtures.py,
+    not the template's), 32 px, batch 20, no worker processes, every output under this test's tmp_path."""
     return [
-        f"--data.data_dir={cifar_root}",
-        "--data.download=false",
+        "--data=tests.fixtures.ColourImages",
         "--data.image_size=32",
         "--data.batch_size=20",
         "--data.val_size=40",
@@ -98,6 +98,14 @@ def tiny_args(cifar_root: Path, tmp_path: Path) -> list[str]:
         "--trainer.log_every_n_steps=1",
         f"--trainer.default_root_dir={tmp_path}",
     ]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _tests_importable_by_runs() -> None:
+    """Runs started as processes (ddp ranks, bench cells) import the tests' data set by its dotted path
+    ``tests.fixtures...`` from wherever they start: put the repository on their PYTHONPATH."""
+    paths = [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from lightning.pytorch import Trainer
 from project.data import CIFAR10DataModule
 from project.model import ImageClassifier
 from project.toolkit.callbacks.predictions import PredictionWriter
-from tests.conftest import LABEL_NAMES, TEST_IMAGES
+from tests import conftest, fixtures
 
 
 def test_predictions_csv_matches_the_model(cifar_root: Path, tmp_path: Path) -> None:
@@ -25,12 +25,12 @@ def test_predictions_csv_matches_the_model(cifar_root: Path, tmp_path: Path) -> 
 
     with open(Path(trainer.log_dir) / "predictions.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [int(r["index"]) for r in rows] == list(range(TEST_IMAGES))
-    images = torch.stack([dm._datasets["test"][i][0] for i in range(TEST_IMAGES)])
+    assert [int(r["index"]) for r in rows] == list(range(conftest.TEST_IMAGES))
+    images = torch.stack([dm._datasets["test"][i][0] for i in range(conftest.TEST_IMAGES)])
     with torch.inference_mode():
         expected = model(images).argmax(1).tolist()
     assert [int(r["predicted"]) for r in rows] == expected
-    assert all(r["predicted_name"] == LABEL_NAMES[int(r["predicted"])] for r in rows)
+    assert all(r["predicted_name"] == conftest.LABEL_NAMES[int(r["predicted"])] for r in rows)
 
 
 def test_predict_command_writes_the_csv(tiny_args: list[str], tmp_path: Path) -> None:
@@ -39,7 +39,7 @@ def test_predict_command_writes_the_csv(tiny_args: list[str], tmp_path: Path) ->
     main(["fit", *tiny_args, "--trainer.max_epochs=1"])
     cli = main(["predict", *tiny_args, "--ckpt_path=last"])
     rows = list(csv.DictReader(open(Path(cli.trainer.log_dir) / "predictions.csv")))
-    assert len(rows) == TEST_IMAGES and {r["predicted_name"] for r in rows} <= set(LABEL_NAMES)
+    assert len(rows) == fixtures.TEST_IMAGES and {r["predicted_name"] for r in rows} <= set(fixtures.LABEL_NAMES)
 
 
 def test_a_truncated_checkpoint_is_one_error_line(tiny_args: list[str], tmp_path: Path, capsys) -> None:
