@@ -1,10 +1,12 @@
 """Guards that stop a run which can no longer do useful work, saying why: a non-finite loss
-(:class:`FiniteLossGuard`) and a rank of a multi-process run that died (:class:`LostRankWatchdog`)."""
+(:class:`FiniteLossGuard`), a rank of a multi-process run that died (:class:`LostRankWatchdog`), and
+memory running out (:func:`out_of_memory_message`, the one line the CLI prints instead of the traceback)."""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,8 +20,47 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from project.toolkit.compat import is_subprocess_script_launcher
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
+from project.toolkit.preflight import human_bytes
 
 log = get_logger(__name__)
+
+# What torch says when an allocation fails: on the host (its CPU allocator), on a GPU, and when the system
+# killed a DataLoader worker (the kernel's out-of-memory killer, most often).
+_HOST_OOM = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes")
+_DEVICE_OOM = re.compile(r"(CUDA|MPS|XPU|HIP)[^.]*out of memory\.? Tried to allocate ([\d.]+ [KMGT]?i?B)")
+_WORKER_KILLED = re.compile(r"DataLoader worker \(pid\(?s?\)? [^)]*\) is killed by signal: Killed")
+
+
+def out_of_memory_message(error: BaseException, data_config: Any = None) -> str | None:
+    """One line for an out-of-memory ``error`` -- where, how much was asked for, and what to lower (the
+    run's batch and image size, from its ``data`` config) -- or None if ``error`` is something else.
+
+    >>> out_of_memory_message(RuntimeError("[enforce fail at alloc_cpu.cpp:121] . DefaultCPUAllocator: can't "
+    ...     "allocate memory: you tried to allocate 30000000000 bytes. Error code 12"))
+    'out of host memory: the run tried to allocate 30.0 GB more; lower --data.batch_size or --data.image_size'
+    >>> out_of_memory_message(RuntimeError("Connection reset by peer")) is None
+    True
+    """
+    text = str(error)
+    args = data_config.get("init_args") if data_config is not None and data_config.get("class_path") else data_config
+    now = {
+        key: f" (now {args.get(key)})" if args is not None and args.get(key) is not None else ""
+        for key in ("batch_size", "image_size")
+    }
+    lower = f"lower --data.batch_size{now['batch_size']} or --data.image_size{now['image_size']}"
+    if match := _HOST_OOM.search(text):
+        return f"out of host memory: the run tried to allocate {human_bytes(int(match.group(1)))} more; {lower}"
+    if match := _DEVICE_OOM.search(text):
+        return (
+            f"out of {match.group(1)} device memory: the run tried to allocate {match.group(2)} more; {lower}, "
+            "or use a lower --trainer.precision (16-mixed, bf16-mixed) or a sharding strategy (fsdp)"
+        )
+    if _WORKER_KILLED.search(text):
+        return (
+            f"a DataLoader worker was killed by the system, most likely for lack of host memory; {lower}, or lower "
+            "--data.num_workers"
+        )
+    return None
 
 
 class LostRankWatchdog(Callback):
