@@ -6,9 +6,10 @@ command's, silently: ``test --ckpt_path=<a resnet50 checkpoint> --model.arch=mob
 ResNet50. And it leaves the data settings alone: ``test --ckpt_path=<a 32 px fit>`` tested at the default
 112 px. Here, before anything is built (:func:`adopt_checkpoint_settings`):
 
-- a model setting given explicitly (different from its default) that disagrees with the checkpoint is
-  refused in one line naming both; the run-time options :data:`RUN_OPTIONS` (``compile``,
-  ``channels_last``: how the network runs, not what it computes) keep the value given;
+- a model setting given explicitly (on the command line, or different from its default in a config
+  file) that disagrees with the checkpoint is refused in one line naming both; the run-time options
+  :data:`RUN_OPTIONS` (``compile``, ``channels_last``: how the network runs, not what it computes)
+  keep the value given;
 - a model or data setting left at its default that the checkpoint trained with another value is taken
   from the checkpoint (the data settings of :data:`DATA_SETTINGS`, when the checkpoint's data set is the
   one chosen), and one line says which;
@@ -52,15 +53,32 @@ def _section(config: Any, fallback_class: Any, import_object: Callable[[str], An
     return config, fallback_class
 
 
-def _differing(saved: dict[str, Any], args: Any, defaults: dict[str, Any], keys: Any) -> tuple[list, list]:
+def _differing(
+    saved: dict[str, Any], args: Any, defaults: dict[str, Any], keys: Any, on_command_line: set[str]
+) -> tuple[list, list]:
     """``(given, adopted)``: the keys whose value differs from the checkpoint's, split by whether the value
-    was given (differs from its default) or is the default."""
+    was given (on the command line, or different from its default) or is the default."""
     given, adopted = [], []
     for key in keys:
         if key not in saved or args is None or key not in args or args[key] == saved[key]:
             continue
-        (given if key not in defaults or args[key] != defaults[key] else adopted).append(key)
+        explicit = key in on_command_line or key not in defaults or args[key] != defaults[key]
+        (given if explicit else adopted).append(key)
     return given, adopted
+
+
+def command_line_keys(argv: list[str], section: str) -> set[str]:
+    """The keys of ``section`` (``model``, ``data``) that ``argv`` sets as options.
+
+    >>> sorted(command_line_keys(["fit", "--model.arch=resnet50", "--model.init_args.lr", "0.1", "--data.x"], "model"))
+    ['arch', 'lr']
+    """
+    keys = set()
+    for word in argv:
+        option = word.partition("=")[0]
+        if option.startswith(f"--{section}."):
+            keys.add(option.removeprefix(f"--{section}.").removeprefix("init_args."))
+    return keys
 
 
 def _pairs(prefix: str, values: dict[str, Any], keys: list[str]) -> str:
@@ -68,16 +86,18 @@ def _pairs(prefix: str, values: dict[str, Any], keys: list[str]) -> str:
 
 
 def adopt_checkpoint_settings(
-    config: Any, ckpt_path: str | Path, model_class: Any, import_object: Callable[[str], Any]
+    config: Any, ckpt_path: str | Path, model_class: Any, import_object: Callable[[str], Any], argv: list[str]
 ) -> Callable[[Any], None]:
     """Check and adopt the settings the checkpoint at ``ckpt_path`` was trained with (see the module's
-    docstring), editing the subcommand's parsed ``config``. Returns a function to call on the config once
-    LightningCLI has applied the checkpoint's model hyperparameters: it puts back the :data:`RUN_OPTIONS`
-    that were given."""
+    docstring), editing the subcommand's parsed ``config``; ``argv`` is the command line. Returns a
+    function to call on the config once LightningCLI has applied the checkpoint's model hyperparameters:
+    it puts back the :data:`RUN_OPTIONS` that were given."""
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True)
     model_args, model_cls = _section(config.get("model"), model_class, import_object)
     saved_model = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items() if not k.startswith("_")}
-    given, adopted = _differing(saved_model, model_args, _defaults(model_cls), list(saved_model))
+    given, adopted = _differing(
+        saved_model, model_args, _defaults(model_cls), list(saved_model), command_line_keys(argv, "model")
+    )
     kept = {key: model_args[key] for key in given if key in RUN_OPTIONS}
     conflicts = [key for key in given if key not in RUN_OPTIONS]
     if conflicts:
@@ -93,7 +113,9 @@ def adopt_checkpoint_settings(
     saved_data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     same_data_set = data_config is not None and saved_data.get("_class_path") in (None, data_config.get("class_path"))
     if same_data_set and data_args is not None:
-        given, adopted = _differing(saved_data, data_args, _defaults(data_cls), DATA_SETTINGS)
+        given, adopted = _differing(
+            saved_data, data_args, _defaults(data_cls), DATA_SETTINGS, command_line_keys(argv, "data")
+        )
         for key in adopted:
             data_args[key] = saved_data[key]
         notes = ", ".join(filter(None, [notes, _pairs("data", saved_data, adopted)]))

@@ -143,6 +143,7 @@ class ProjectCLI(LightningCLI):
         self.callback_parsers = [*getattr(self, "callback_parsers", []), parser]
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        self.argv = [str(word) for word in (sys.argv[1:] if args is None else args if isinstance(args, list) else [])]
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # a mistyped option: name the nearest one there is
@@ -176,7 +177,7 @@ class ProjectCLI(LightningCLI):
                 check_checkpoint_file(config.ckpt_path, num_classes=data_num_classes(config.get("data")))
                 if Path(config.ckpt_path).is_file():  # the settings it was trained with, against the options
                     self._restore_run_options = adopt_checkpoint_settings(
-                        config, config.ckpt_path, self.model_class, import_object
+                        config, config.ckpt_path, self.model_class, import_object, self.argv
                     )
 
     def before_instantiate_classes(self) -> None:

@@ -12,12 +12,15 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 
-from project.toolkit.compat import is_subprocess_script_launcher
+from project.toolkit.callbacks.summary import shown_path
+from project.toolkit.compat import is_subprocess_script_launcher, last_global_step_saved
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.preflight import human_bytes
@@ -72,8 +75,8 @@ class LostRankWatchdog(Callback):
     For the processes Lightning starts on one machine (``--trainer.devices=N``) a thread watches them:
     the first process (rank 0) watches the ranks it started, and each of those watches rank 0. When
     one is gone, the watcher prints ``error: rank R of N died (...)`` and ends its own machine's
-    processes, exiting 1. Every finished epoch's ``last.ckpt`` is intact (saves are atomic), so the
-    run resumes with ``--ckpt_path=last``. Under torchrun, SLURM or several machines, the launcher
+    processes, exiting 1; the line says what was saved (``last.ckpt`` and its step: saves are atomic, so
+    it is whole) and how to resume (``--ckpt_path=last``). Under torchrun, SLURM or several machines, the launcher
     reports a failed rank itself; this does nothing there.
     """
 
@@ -82,6 +85,7 @@ class LostRankWatchdog(Callback):
         self._children: list[subprocess.Popen] = []
         self._parent: tuple[int, int] | None = None  # (pid, global rank) of the process that started this one
         self._rank, self._world = 0, 1
+        self._checkpoint: Callback | None = None
         self._stop = threading.Event()
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -89,6 +93,7 @@ class LostRankWatchdog(Callback):
         if trainer.world_size < 2 or not is_subprocess_script_launcher(launcher):
             return
         self._rank, self._world = trainer.global_rank, trainer.world_size
+        self._checkpoint = trainer.checkpoint_callback
         if trainer.local_rank == 0:
             self._children = list(launcher.procs)
         else:
@@ -110,17 +115,26 @@ class LostRankWatchdog(Callback):
         while True:
             lost = self._lost()
             if lost is not None:
-                print(
-                    f"error: {lost}; stopping rank {self._rank} too. Resume with the same command and --ckpt_path=last",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(f"error: {lost}; stopping rank {self._rank} too. {self._saved()}", file=sys.stderr, flush=True)
                 for child in self._children:
                     child.kill()
                 os._exit(1)  # other threads may be blocked in a collective that never returns
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.1)
+
+    def _saved(self) -> str:
+        """What the run saved so far and how to go on from it."""
+        checkpoint = self._checkpoint
+        if not isinstance(checkpoint, ModelCheckpoint) or not checkpoint.dirpath:
+            return "No checkpoint is kept (checkpointing is off): run the same command again to start over"
+        last = Path(checkpoint.dirpath) / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
+        if not last.is_file():
+            return "Nothing was saved yet: run the same command again to start over"
+        return (
+            f"Saved: {shown_path(last)} (step {last_global_step_saved(checkpoint)}); resume with the same command "
+            "and --ckpt_path=last"
+        )
 
     def _lost(self) -> str | None:
         for local_rank, child in enumerate(self._children, start=1):
