@@ -64,7 +64,14 @@ def _write_failure(checkpoint: dict[str, Any], path: Path, err: BaseException) -
         free = f", {human_bytes(shutil.disk_usage(path.parent).free)} free there"
     except OSError:
         free = ""
-    kept = f"; the previous {path.name} is intact" if path.exists() else ""
+    last = path.with_name("last.ckpt")
+    kept = (
+        f"; the previous {path.name} is intact"
+        if path.exists()
+        else f"; {last.name} is intact"
+        if last.exists()
+        else ""
+    )
     return (
         f"could not save the checkpoint {path.name} into {path.parent} ({reason}): it needs about "
         f"{human_bytes(tensor_bytes(checkpoint))}{free}{kept}. Free some space there, then "

@@ -196,7 +196,7 @@ class ProjectCLI(LightningCLI):
         for parser in self.callback_parsers:  # the instantiated callbacks the Trainer is given
             parser.callback_keys[:] = [key for key in parser.callback_keys if key not in switched_off]
         config_filename = arrange_run_folder(self.subcommand, config)
-        check_writable(runs_root(trainer), "trainer.default_root_dir")
+        check_writable(runs_root(trainer), "trainer.default_root_dir", trainer.get("default_root_dir") or os.getcwd())
         if config_filename:
             self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": config_filename}
 

@@ -92,7 +92,7 @@ def config_shape_error(message: str, argv: Iterable[str]) -> str | None:
         return None
     import yaml  # only on this error: the commands answer without it otherwise
 
-    found = message.partition(":")[2].strip()
+    found = " ".join(message.partition(":")[2].split())  # the YAML as jsonargparse shows it, on one line
     words = list(argv)
     values = [word.partition("=")[2] if "=" in word else nxt for word, nxt in zip(words, [*words[1:], ""], strict=True)]
     for value in values:

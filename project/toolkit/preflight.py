@@ -96,10 +96,10 @@ def warn_cpu_oversubscription(devices: Any, accelerator: Any, cuda_available: bo
         )
 
 
-def check_writable(folder: Path, option: str = "trainer.default_root_dir") -> None:
+def check_writable(folder: Path, option: str = "trainer.default_root_dir", value: Any = None) -> None:
     """Refuse a run folder that cannot be written: the nearest folder of ``folder`` that exists must take
     a new file (checked by making one: permissions alone do not show a read-only file system, nor
-    anything for root)."""
+    anything for root). ``option`` and its ``value`` (default: ``folder``) name the setting in the message."""
     existing = Path(folder).absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -110,8 +110,8 @@ def check_writable(folder: Path, option: str = "trainer.default_root_dir") -> No
             pass
     except OSError as err:
         raise ProjectError(
-            f"{option}={folder}: cannot write into {existing} ({err.strerror or err}); the run folder goes there. "
-            f"Choose a folder you can write to with --{option}"
+            f"{option}={folder if value is None else value}: cannot write into {existing} ({err.strerror or err}); "
+            f"the run folder goes there. Choose a folder you can write to with --{option}"
         ) from None
 
 
