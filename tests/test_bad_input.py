@@ -59,8 +59,12 @@ Case = tuple[str, Callable[[Path], str] | str, str]
 
 # (subcommand, argument or a function of a scratch folder returning one, text the error line must hold)
 CASES: list[Case] = [
-    ("fit", "--model.arch=resnet5", "model.arch='resnet5' is not a torchvision classification model; choose one of:"),
-    ("fit", "--model.arch=", "model.arch='' is not a torchvision classification model; choose one of:"),
+    (
+        "fit",
+        "--model.arch=resnet5",
+        "model.arch='resnet5' is neither a torchvision classification model nor package.module.name; torchvision's are:",
+    ),
+    ("fit", "--model.arch=", "model.arch='' is neither a torchvision classification model nor package.module.name"),
     ("fit", "--trainer.strategy=ddpp", "trainer.strategy='ddpp' is not a strategy; choose one of: auto, ddp"),
     ("fit", "--trainer.accelerator=qpu", "trainer.accelerator='qpu' is not an accelerator; choose one of:"),
     ("fit", "--trainer.accelerator=gpu", "trainer.accelerator='gpu', but this machine has no CUDA GPU"),

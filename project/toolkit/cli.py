@@ -30,12 +30,14 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib
+import inspect
 import logging
 import os
 import re
 import shutil
 import signal
 import sys
+import textwrap
 from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
@@ -352,7 +354,23 @@ def parse_error_line(message: str) -> str:
     ...     "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: abc"
     ... )
     'trainer.max_epochs=abc is not allowed; expected int or null'
+    >>> parse_error_line(  # an option of a section given by class (--data=package.module.Class)
+    ...     'Parser key "data":\n  Does not validate against any of the Union subtypes\n  Errors:\n'
+    ...     "    - Problem with given class_path 'project.data.CIFAR10DataModule':\n        Option 'batchsize' is "
+    ...     "not accepted\n    - Expected a <class 'NoneType'>\n  Given value: NestedArg(key='batchsize', val='64')"
+    ... )
+    'unrecognized arguments: --data.batchsize=64'
     """
+    nested = re.search(
+        r'^Parser key "([^"]+)":.*?Problem with given class_path \'[^\']+\':\n(.*?)\n    - ', message, re.S
+    )
+    if nested:  # the message of the class's own parser, inside the section's
+        section, inner = nested.group(1), textwrap.dedent(nested.group(2))
+        refused = re.search(r"Option '([^']+)' is not accepted", inner)
+        given = re.search(r"NestedArg\(key='[^']*', val='(.*)'\)\s*$", message)
+        if refused:
+            return f"unrecognized arguments: --{section}.{refused.group(1)}" + (f"={given.group(1)}" if given else "")
+        return parse_error_line(re.sub(r'^Parser key "', f'Parser key "{section}.', inner.strip()))
     key = re.match(r'Parser key "([^"]+)":', message)
     value = re.search(r"(?:Given|Got) value: (.*?)\s*$", message)
     expected = re.findall(r"Expected a (.+?)(?:\. Got value|\n|$)", message)
@@ -415,5 +433,10 @@ def main(args: ArgsType = None, model: str = "", data: str = "") -> ProjectCLI:
         command = [word for word in argv if word in TRAINER_COMMANDS][:1]
         help_command = " ".join(["python -m project", *command, "--help"])
         line = config_shape_error(str(err), argv) or parse_error_line(str(err))
+        if line.startswith("unrecognized arguments: --data.") and "did you mean" not in line and data:
+            # the data set's options are its class's (subclass mode), which the parser does not list
+            line = with_option_hints(
+                line, [f"--data.{name}" for name in inspect.signature(import_object(data)).parameters]
+            )
         print(f"error: {line} (see {help_command})", file=sys.stderr)
         raise SystemExit(2) from None

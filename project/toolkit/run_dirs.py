@@ -78,13 +78,25 @@ def same_setup(fit_run: Path, config: Any) -> bool:
     if not saved.is_file():
         return False
     fit_config = yaml.safe_load(saved.read_text()) or {}
-    for key in SAME_SETUP:
-        value, fit_value = config.get(key), fit_config
-        for part in key.split("."):
-            fit_value = fit_value.get(part) if isinstance(fit_value, dict) else None
-        if (value.as_dict() if isinstance(value, Namespace) else value) != fit_value:
-            return False
-    return True
+    own_config = config.as_dict() if isinstance(config, Namespace) else config
+    return all(setting(own_config, key) == setting(fit_config, key) for key in SAME_SETUP)
+
+
+def setting(config: Any, key: str) -> Any:
+    """The value of a dotted ``key`` in a config dict, looking inside ``init_args`` where a section is
+    given by class (``data: {class_path: ..., init_args: {image_size: 32}}``); None if absent.
+
+    >>> setting({"data": {"class_path": "x.Y", "init_args": {"image_size": 32}}}, "data.image_size")
+    32
+    >>> setting({"trainer": {"devices": 2}}, "trainer.devices"), setting({}, "trainer.devices")
+    (2, None)
+    """
+    value = config
+    for part in key.split("."):
+        if isinstance(value, dict) and part not in value and isinstance(value.get("init_args"), dict):
+            value = value["init_args"]
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def arrange_run_folder(subcommand: str, config: Any) -> str | None:
