@@ -62,7 +62,7 @@ CASES: list[Case] = [
     (
         "fit",
         "--model.arch=resnet5",
-        "model.arch='resnet5' is neither a torchvision classification model nor package.module.name; torchvision's are:",
+        "model.arch='resnet5' is neither a torchvision classification model nor package.module.name; torchvision's",
     ),
     ("fit", "--model.arch=", "model.arch='' is neither a torchvision classification model nor package.module.name"),
     ("fit", "--trainer.strategy=ddpp", "trainer.strategy='ddpp' is not a strategy; choose one of: auto, ddp"),
