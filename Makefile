@@ -16,13 +16,13 @@ PY_XLA := $(VENV_XLA)/bin/python
 # Which build of torch .venv gets. PyPI's, by default: on Linux its CUDA build (about 5.6 GB with its
 # nvidia-* wheels), which runs on a CPU too and is what CI installs. TORCH_INDEX names another index to
 # take torch and torchvision from first (both from the same one: a CPU torch with PyPI's torchvision fails
-# on import), e.g. PyTorch's own CPU builds, about 1 GB: make fit TORCH_INDEX=$(CPU_TORCH_INDEX)
+# on import), e.g. PyTorch's own CPU builds, about 0.7 GB: make fit TORCH_INDEX=$(CPU_TORCH_INDEX)
 TORCH_INDEX ?=
 CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
 # "yes" where a CUDA GPU is seen (nvidia-smi lists one, or a /dev/nvidia0 device exists); empty elsewhere.
 HAS_CUDA_GPU ?= $(shell { nvidia-smi -L 2>/dev/null | grep -q GPU || test -e /dev/nvidia0; } && echo yes)
 CPU_TORCH_NOTE := note: no CUDA GPU found, so PyPI's CUDA build of torch (about 5.6 GB) is more than this \
-	machine needs; the CPU build (about 1 GB) installs with: rm -rf $(VENV) && make fit TORCH_INDEX=$(CPU_TORCH_INDEX)
+	machine needs; the CPU build (about 0.7 GB) installs with: rm -rf $(VENV) && make fit TORCH_INDEX=$(CPU_TORCH_INDEX)
 
 # $(call torch_first,ENV): torch and torchvision from TORCH_INDEX when it is set; without it and without a
 # GPU, one line saying how to get the smaller CPU build.

@@ -11,6 +11,7 @@ import errno
 import resource
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,13 +20,16 @@ import lightning
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from project.__main__ import main
 from project.model import ImageClassifier
 from project.toolkit import preflight
 from project.toolkit.bench import compare as compare_module
 from project.toolkit.bench.report import speedups
+from project.toolkit.callbacks.views import drop_epoch_scalar
 from project.toolkit.commands import top_level_help
+from project.toolkit.run_dirs import run_label, tensorboard_logdir_spec
 
 # --------------------------------------------------------------------------- scratch inputs
 
@@ -278,11 +282,14 @@ def test_test_of_a_small_image_fit_tests_at_its_size_in_its_folder(
     main(["fit", *fit_args, *QUICK, "--data.image_size=24", "--trainer.max_epochs=1"])
     run = tmp_path / "lightning_logs" / "version_0"
     capsys.readouterr()
-    tested = main(["test", *fit_args, *QUICK, f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}"])  # no image size
+    bar = ["--trainer.enable_progress_bar=true"]
+    tested = main(["test", *fit_args, *QUICK, *bar, f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}"])  # no size
     assert tested.datamodule.hparams.image_size == 24
     assert tested.trainer.log_dir == str(run)  # the fit's folder, not a new one
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "taking the settings it was trained with: data.image_size=24" in err
+    # the bar's last drawing comes before the summary, not after it
+    assert "Testing" in out and out.rindex("Testing") < out.index("test done; run folder:"), out
     # given explicitly: kept, and said
     main(["test", *fit_args, *QUICK, "--data.image_size=32", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}"])
     assert "was trained with data.image_size=24; running with data.image_size=32 as given" in capsys.readouterr().err
@@ -330,3 +337,62 @@ def test_only_a_fit_can_be_the_speedup_baseline() -> None:
     assert speedups(rows) == [1.0, 2.0, None]  # the later predict-only folder does not replace the baseline
     rows = [_row("first fit", "single", 4.0), _row("second fit", "single", 8.0), _row("ddp", "ddp", 2.0)]
     assert speedups(rows)[2] == 2.0  # the first fit stays the baseline
+
+
+def test_tensorboard_names_runs_by_their_setup(tmp_path: Path) -> None:
+    ddp, bare = tmp_path / "version_3", tmp_path / "version_4"
+    for folder in (ddp, bare):
+        folder.mkdir()
+        (folder / "events.out.tfevents.1").write_bytes(b"")
+    timing = '{"strategy": "ddp", "arch": "resnet50", "devices": 2, "accelerator": "cpu", "batch_size": 256}'
+    (ddp / "timing.json").write_text(timing)
+    assert run_label(ddp) == "version_3-ddp-resnet50-2xcpu-b256"
+    assert tensorboard_logdir_spec(tmp_path) == (
+        f"--logdir_spec=version_3-ddp-resnet50-2xcpu-b256:{ddp},version_4:{bare}"  # no setup recorded: the folder
+    )
+    assert tensorboard_logdir_spec(tmp_path / "nothing") == f"--logdir={tmp_path / 'nothing'}"
+
+
+def test_the_epoch_scalar_is_left_out(tmp_path: Path) -> None:
+    logger = TensorBoardLogger(tmp_path)
+    written: list[dict] = []
+    logger.log_metrics = lambda metrics, step=None: written.append(dict(metrics))  # type: ignore[method-assign]
+    drop_epoch_scalar(logger)
+    drop_epoch_scalar(logger)  # once is enough: a second setup (fit, then test) does not wrap it again
+    logger.log_metrics({"epoch": 3, "val/acc": 0.5}, step=7)
+    assert written == [{"val/acc": 0.5}]
+
+
+@pytest.mark.parametrize(
+    ("variables", "says", "installs_from"),
+    [
+        (["HAS_CUDA_GPU="], "note: no CUDA GPU found", None),  # a CPU machine, as CI: PyPI's torch, and one line
+        (["HAS_CUDA_GPU=yes"], None, None),  # a GPU machine: PyPI's CUDA build, nothing said
+        (["TORCH_INDEX=https://download.pytorch.org/whl/cpu"], None, "https://download.pytorch.org/whl/cpu"),
+    ],
+    ids=["no GPU", "GPU", "CPU build asked for"],
+)
+def test_make_fit_on_a_machine_without_a_gpu(
+    tmp_path: Path, variables: list[str], says: str | None, installs_from: str | None
+) -> None:
+    # a dry run (-n) of a fresh install (-B) into a scratch environment: nothing is installed
+    result = subprocess.run(
+        ["make", "-n", "-B", "fit", f"VENV={tmp_path / 'venv'}", *variables],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    notes = [line for line in lines if "no CUDA GPU found" in line]
+    assert len(notes) == (1 if says else 0)
+    if says:
+        assert "make fit TORCH_INDEX=https://download.pytorch.org/whl/cpu" in notes[0]
+    torch_first = [line for line in lines if "--index-url" in line]
+    assert torch_first == ([] if installs_from is None else [torch_first[0]])
+    if installs_from:
+        assert torch_first[0].endswith(f"--index-url {installs_from} torch torchvision")
+    project = [line for line in lines if line.endswith("-e '.[progress,bench]'")]
+    assert len(project) == 1  # the project itself, with the bar and the chart, always from the registry
+    assert lines.index(project[0]) > max((lines.index(line) for line in torch_first), default=-1)
