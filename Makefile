@@ -13,7 +13,25 @@ PY_XLA := $(VENV_XLA)/bin/python
 
 .PHONY: fit test test-xla lint tensorboard clean
 
-# $(call install,ENV,EXTRAS): create the virtual environment ENV if needed and install the project with
+# Which build of torch .venv gets. PyPI's, by default: on Linux its CUDA build (about 5.6 GB with its
+# nvidia-* wheels), which runs on a CPU too and is what CI installs. TORCH_INDEX names another index to
+# take torch and torchvision from first (both from the same one: a CPU torch with PyPI's torchvision fails
+# on import), e.g. PyTorch's own CPU builds, about 0.7 GB: make fit TORCH_INDEX=$(CPU_TORCH_INDEX)
+TORCH_INDEX ?=
+CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
+# "yes" where a CUDA GPU is seen (nvidia-smi lists one, or a /dev/nvidia0 device exists); empty elsewhere.
+HAS_CUDA_GPU ?= $(shell { nvidia-smi -L 2>/dev/null | grep -q GPU || test -e /dev/nvidia0; } && echo yes)
+CPU_TORCH_NOTE := note: no CUDA GPU found, so PyPI's CUDA build of torch (about 5.6 GB) is more than this \
+	machine needs; the CPU build (about 0.7 GB) installs with: rm -rf $(VENV) && make fit TORCH_INDEX=$(CPU_TORCH_INDEX)
+
+# $(call torch_first,ENV): torch and torchvision from TORCH_INDEX when it is set; without it and without a
+# GPU, one line saying how to get the smaller CPU build.
+define torch_first
+	$(if $(TORCH_INDEX),$(1)/bin/uv pip install --quiet --compile-bytecode --python $(1)/bin/python \
+		--index-url $(TORCH_INDEX) torch torchvision,$(if $(HAS_CUDA_GPU),,@echo "$(CPU_TORCH_NOTE)"))
+endef
+
+# $(call install,ENV,EXTRAS[,torch_first]): create the virtual environment ENV if needed and install the project with
 # EXTRAS into it. uv (put into ENV by pip) does the install: it downloads in parallel and hard-links
 # files from its cache, so each CUDA build of torch (6-7 GB) lands in well under a minute and sits on
 # the disk once; pip takes minutes and holds every downloaded wheel beside the installed files until
@@ -24,15 +42,20 @@ PY_XLA := $(VENV_XLA)/bin/python
 define install
 	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install --quiet uv
+	$(if $(3),$(call $(3),$(1)))
 	$(1)/bin/uv pip install --quiet --compile-bytecode --python $(1)/bin/python -e '.$(2)'
 endef
 
+# make fit installs what the README's everyday commands need: the rich progress bar and matplotlib,
+# which draws the chart of `python -m project bench` and `compare`.
+FIT_EXTRAS := [progress,bench]
+
 $(VENV)/.installed: pyproject.toml
-	$(call install,$(VENV),[progress])
+	$(call install,$(VENV),$(FIT_EXTRAS),torch_first)
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml
-	$(call install,$(VENV),[dev])
+	$(call install,$(VENV),[dev],torch_first)
 	touch $@ $(VENV)/.installed
 
 fit: $(VENV)/.installed  ## train the default job (configs/default.yaml)
@@ -74,8 +97,11 @@ lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check project tests benchmarks
 	$(PY) -m ruff format --check project tests benchmarks
 
+# Each run is named by its setup (version_3-ddp-resnet50-2xcpu-b256), not version_N alone; TensorBoard opens
+# on its SCALARS tab, so the address of the side-by-side view is printed first.
 tensorboard: $(VENV)/.installed  ## serve the runs under LOGDIR on http://localhost:6006
-	$(PY) -m tensorboard.main --logdir $(LOGDIR)
+	@echo "the side-by-side charts: http://localhost:6006/#custom_scalars"
+	$(PY) -m tensorboard.main $$($(PY) -m project.toolkit.run_dirs $(LOGDIR))
 
 clean:  ## caches and build files; keeps .venv, data/ and lightning_logs/
 	rm -rf .pytest_cache .ruff_cache build *.egg-info

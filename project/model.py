@@ -150,7 +150,10 @@ class ImageClassifier(LightningModule):
         metric to the device (``Metric.to``), about a millisecond -- a tenth of a batch-1 test step."""
         for name in names:
             metric = getattr(self, f"{stage}_{name}")
-            self.log(f"{stage}/{name}", metric.compute(), prog_bar=prog_bar)
+            # compute() has reduced it across ranks already: every rank logs the same value, and
+            # sync_dist=True (a mean of equal values, one small collective per epoch) says so to Lightning,
+            # which otherwise warns on every multi-process run.
+            self.log(f"{stage}/{name}", metric.compute(), prog_bar=prog_bar, sync_dist=True)
             metric.reset()
 
     def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:

@@ -88,13 +88,13 @@ def test_test_and_predict_of_a_fit_write_into_its_folder_and_the_summary_says_wh
     assert re.search(rf"best checkpoint: +{re.escape(str(best))} \(val/acc 0\.\d{{4}}\)", out)
     assert re.search(rf"last checkpoint: +{re.escape(str(run / 'checkpoints' / 'last.ckpt'))} \(val/acc", out)
     assert f"timing.json:      {run / 'timing.json'}" in out
-    assert re.search(r"final metrics: +train/loss \S+  train/acc \S+  val/loss \S+  val/acc \S+", out)
+    assert re.search(r"final metrics \(epoch means\): +train/loss \S+  train/acc \S+  val/loss \S+  val/acc \S+", out)
     assert f"tensorboard --logdir {run.parent}" in out
 
     main(["test", *tiny_args, "--ckpt_path=best"])
     out = capsys.readouterr().out
     assert f"test done; run folder: {run}" in out and f"checkpoint used:  {best}" in out
-    assert re.search(r"final metrics: +test/loss \S+  test/acc \S+", out)
+    assert re.search(r"final metrics \(epoch means\): +test/loss \S+  test/acc \S+", out)
     main(["predict", *tiny_args, "--ckpt_path=last"])
     assert f"predictions.csv:  {run / 'predictions.csv'}" in capsys.readouterr().out
 
@@ -144,7 +144,7 @@ def test_fast_dev_run_writes_nothing_and_says_so_and_its_bar_shows_the_loss(
     rich = progress.rich_installed()  # the `progress` extra (in `dev` too) installs rich
     assert type(bar) is (progress.RichTrainingBar if rich else progress.TQDMTrainingBar)
     shown = bar.get_metrics(cli.trainer, cli.model)
-    assert "v_num" not in shown and re.fullmatch(r"\d+\.\d{3}", shown["train/loss"]) and float(shown["lr"]) > 0
+    assert "v_num" not in shown and re.fullmatch(r"\d+\.\d{3}", shown["train/loss_step"]) and float(shown["lr"]) > 0
 
 
 class _LightningBar:
@@ -178,7 +178,7 @@ def test_the_bar_reads_loss_and_lr_on_logging_steps_only_and_drops_v_num(monkeyp
     for step in range(4):
         bar.on_train_batch_end(trainer, None, None, None, step)
     assert trainer.reads == 1  # on the logging step only: no wait for the device on the others
-    assert bar.get_metrics(trainer, None) == {"train/loss": "1.235", "lr": "0.05", "val/acc": 0.5}
+    assert bar.get_metrics(trainer, None) == {"train/loss_step": "1.235", "lr": "0.05", "val/acc": 0.5}
 
 
 def test_lightnings_advertisement_is_dropped_and_its_information_kept() -> None:

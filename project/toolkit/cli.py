@@ -37,6 +37,7 @@ import re
 import shutil
 import signal
 import sys
+import textwrap
 from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ from project.toolkit.callbacks.checkpoints import (
     find_checkpoint,
 )
 from project.toolkit.callbacks.estimate import CpuTimeEstimate
-from project.toolkit.callbacks.guards import FiniteLossGuard, LostRankWatchdog
+from project.toolkit.callbacks.guards import FiniteLossGuard, LostRankWatchdog, out_of_memory_message
 from project.toolkit.callbacks.predictions import PredictionWriter
 from project.toolkit.callbacks.progress import ProgressBar
 from project.toolkit.callbacks.quiet import LogEveryEpoch, ModelSummaryWithFlops, silence_known_noise
@@ -66,9 +67,17 @@ from project.toolkit.callbacks.reproducibility import ReseedEveryEpoch
 from project.toolkit.callbacks.summary import RunSummary
 from project.toolkit.callbacks.timing import TimingCallback
 from project.toolkit.callbacks.views import TensorBoardViews
-from project.toolkit.commands import TRAINER_COMMANDS, with_option_hints
+from project.toolkit.checkpoint_settings import adopt_checkpoint_settings
+from project.toolkit.commands import TRAINER_COMMANDS, config_shape_error, with_option_hints
+from project.toolkit.compat import is_subprocess_script_launcher
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
+from project.toolkit.preflight import (
+    check_batch_fits_memory,
+    check_master_port,
+    check_writable,
+    warn_cpu_oversubscription,
+)
 from project.toolkit.run_dirs import arrange_run_folder, runs_root
 from project.toolkit.run_settings import callbacks_switched_off, derive_settings
 from project.toolkit.strategies import leave_gloo_process_group, name_help, register_strategies
@@ -136,6 +145,7 @@ class ProjectCLI(LightningCLI):
         self.callback_parsers = [*getattr(self, "callback_parsers", []), parser]
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        self.argv = [str(word) for word in (sys.argv[1:] if args is None else args if isinstance(args, list) else [])]
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # a mistyped option: name the nearest one there is
@@ -177,6 +187,10 @@ class ProjectCLI(LightningCLI):
             if not is_deepspeed_checkpoint(config.ckpt_path):
                 # one line naming a bad file, or one made for another data set
                 check_checkpoint_file(config.ckpt_path, num_classes=data_num_classes(config.get("data")))
+                if Path(config.ckpt_path).is_file():  # the settings it was trained with, against the options
+                    self._restore_run_options = adopt_checkpoint_settings(
+                        config, config.ckpt_path, self.model_class, import_object, self.argv
+                    )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -184,10 +198,17 @@ class ProjectCLI(LightningCLI):
         check_trainer_choices(trainer.get("strategy"), trainer.get("accelerator"), trainer.get("devices"))
         check_deepspeed_choice(trainer.get("strategy"), trainer.get("accelerator"))
         derive_settings(self.subcommand, config)
+        getattr(self, "_restore_run_options", lambda config: None)(config)  # after LightningCLI read the checkpoint
+        data = config.get("data")
+        data_args = data.get("init_args") if data is not None and data.get("class_path") else data
+        if data_args is not None and isinstance(data_args.get("image_size"), int):
+            check_batch_fits_memory(data_args.image_size, data_args.get("batch_size") or 1, data_in_channels(data))
+        warn_cpu_oversubscription(trainer.get("devices"), trainer.get("accelerator"), torch.cuda.is_available())
         switched_off = callbacks_switched_off(config, list(DEFAULT_CALLBACKS))
         for parser in self.callback_parsers:  # the instantiated callbacks the Trainer is given
             parser.callback_keys[:] = [key for key in parser.callback_keys if key not in switched_off]
         config_filename = arrange_run_folder(self.subcommand, config)
+        check_writable(runs_root(trainer), "trainer.default_root_dir", trainer.get("default_root_dir") or os.getcwd())
         if config_filename:
             self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": config_filename}
 
@@ -199,18 +220,37 @@ class ProjectCLI(LightningCLI):
         except (MisconfigurationException, ValueError, TypeError) as err:
             raise ProjectError(one_line(str(err))) from None
 
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        # The template's model summary replaces Lightning's default one: say so to the Trainer, which
+        # otherwise logs that it skips its own on every command.
+        if "model_summary" in self._parser(self.subcommand).callback_keys:
+            kwargs.setdefault("enable_model_summary", False)
+        return super().instantiate_trainer(**kwargs)
+
     def _run_subcommand(self, subcommand: str) -> None:
         """Run the subcommand; if it fails on bad input before any training step, remove the run folder
         it had just created (config.yaml and an empty event file), so failed starts leave no clutter
         among the real runs. A folder that existed before, or that holds a checkpoint, is kept."""
         log_dir = Path(self.trainer.log_dir) if self.trainer.log_dir else None
         created = _first_missing(log_dir) if log_dir is not None else None
+        trainer = self.trainer
+        if (
+            trainer.world_size > 1
+            and trainer.num_nodes == 1
+            and is_subprocess_script_launcher(trainer.strategy.launcher)
+            and "LOCAL_RANK" not in os.environ  # the process that starts the others, before it does
+        ):
+            check_master_port()
         try:
             super()._run_subcommand(subcommand)
         except SIGTERMException:  # stopped by a signal, after saving (CheckpointOnSignal): say which
             stopper = next((c for c in self.trainer.callbacks if isinstance(c, CheckpointOnSignal)), None)
             raise SystemExit(128 + (stopper.signum if stopper and stopper.signum else signal.SIGTERM)) from None
-        except RuntimeError:
+        except RuntimeError as err:
+            oom = out_of_memory_message(err, self.config[subcommand].get("data"))
+            if oom is not None:  # host or device: one line with the figure and what to lower
+                self._remove_unused_folder(created)
+                raise ProjectError(oom) from None
             # In a multi-process run, most often a collective failing because another rank died (gloo
             # raises a plain RuntimeError): name that rank if this machine started it.
             watchdog = next((c for c in self.trainer.callbacks if isinstance(c, LostRankWatchdog)), None)
@@ -218,15 +258,15 @@ class ProjectCLI(LightningCLI):
                 watchdog.stop_if_lost(wait_seconds=3.0)
             raise
         except (ProjectError, MisconfigurationException):
-            if (
-                created is not None
-                and created.exists()
-                and self.trainer.global_step == 0
-                and self.trainer.is_global_zero
-            ):
-                if not any(created.rglob("*.ckpt")):
-                    shutil.rmtree(created, ignore_errors=True)
+            self._remove_unused_folder(created)
             raise
+
+    def _remove_unused_folder(self, created: Path | None) -> None:
+        """Remove the run folder this command created if it stopped before any training step and saved
+        no checkpoint."""
+        if created is not None and created.exists() and self.trainer.global_step == 0 and self.trainer.is_global_zero:
+            if not any(created.rglob("*.ckpt")):
+                shutil.rmtree(created, ignore_errors=True)
 
 
 def _first_missing(path: Path) -> Path | None:
@@ -260,6 +300,13 @@ def data_num_classes(data_config: Any) -> int | None:
         return None
     value = getattr(import_object(class_path), "num_classes", None)
     return value if isinstance(value, int) else None
+
+
+def data_in_channels(data_config: Any) -> int:
+    """The channels of the data set a config chooses (its class's ``image_shape``), 3 if it does not say."""
+    class_path = data_config.get("class_path") if data_config is not None else None
+    shape = getattr(import_object(class_path), "image_shape", None) if class_path else None
+    return shape[2] if isinstance(shape, tuple) and len(shape) == 3 and isinstance(shape[2], int) else 3
 
 
 def check_trainer_choices(strategy: Any, accelerator: Any, devices: Any) -> None:
@@ -340,7 +387,23 @@ def parse_error_line(message: str) -> str:
     ...     "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: abc"
     ... )
     'trainer.max_epochs=abc is not allowed; expected int or null'
+    >>> parse_error_line(  # an option of a section given by class (--data=package.module.Class)
+    ...     'Parser key "data":\n  Does not validate against any of the Union subtypes\n  Errors:\n'
+    ...     "    - Problem with given class_path 'project.data.CIFAR10DataModule':\n        Option 'batchsize' is "
+    ...     "not accepted\n    - Expected a <class 'NoneType'>\n  Given value: NestedArg(key='batchsize', val='64')"
+    ... )
+    'unrecognized arguments: --data.batchsize=64'
     """
+    nested = re.search(
+        r'^Parser key "([^"]+)":.*?Problem with given class_path \'[^\']+\':\n(.*?)\n    - ', message, re.S
+    )
+    if nested:  # the message of the class's own parser, inside the section's
+        section, inner = nested.group(1), textwrap.dedent(nested.group(2))
+        refused = re.search(r"Option '([^']+)' is not accepted", inner)
+        given = re.search(r"NestedArg\(key='[^']*', val='(.*)'\)\s*$", message)
+        if refused:
+            return f"unrecognized arguments: --{section}.{refused.group(1)}" + (f"={given.group(1)}" if given else "")
+        return parse_error_line(re.sub(r'^Parser key "', f'Parser key "{section}.', inner.strip()))
     key = re.match(r'Parser key "([^"]+)":', message)
     value = re.search(r"(?:Given|Got) value: (.*?)\s*$", message)
     expected = re.findall(r"Expected a (.+?)(?:\. Got value|\n|$)", message)
@@ -405,5 +468,11 @@ def main(args: ArgsType = None, model: str = "", data: str = "") -> ProjectCLI:
         argv = sys.argv[1:] if args is None else list(args)
         command = [word for word in argv if word in TRAINER_COMMANDS][:1]
         help_command = " ".join(["python -m project", *command, "--help"])
-        print(f"error: {parse_error_line(str(err))} (see {help_command})", file=sys.stderr)
+        line = config_shape_error(str(err), argv) or parse_error_line(str(err))
+        if line.startswith("unrecognized arguments: --data.") and "did you mean" not in line and data:
+            # the data set's options are its class's (subclass mode), which the parser does not list
+            line = with_option_hints(
+                line, [f"--data.{name}" for name in inspect.signature(import_object(data)).parameters]
+            )
+        print(f"error: {line} (see {help_command})", file=sys.stderr)
         raise SystemExit(2) from None

@@ -9,6 +9,7 @@ import difflib
 import re
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import NoReturn
 
 # What each command does, as the top-level help lists it. The trainer commands are Lightning's
@@ -17,7 +18,7 @@ TRAINER_COMMANDS = {
     "fit": "train the model (validating every epoch); a run folder with checkpoints, timing.json, TensorBoard",
     "validate": "evaluate on the validation split (--ckpt_path=best, last or a file)",
     "test": "evaluate on the test split (--ckpt_path=best, last or a file)",
-    "predict": "class probabilities for the test images, written to predictions.csv",
+    "predict": "the predicted class of every test image (index and name), written to predictions.csv",
 }
 TOOL_COMMANDS = {
     "bench": "run a matrix of strategies, archs, batch sizes, devices and precisions; compare time and memory",
@@ -78,3 +79,33 @@ def with_option_hints(message: str, options: Iterable[str]) -> str:
     options = list(options)
     near = [match[0] for name in unknown if (match := difflib.get_close_matches(name, options, n=1))]
     return f"{message}; did you mean {' or '.join(dict.fromkeys(near))}?" if near else message
+
+
+def config_shape_error(message: str, argv: Iterable[str]) -> str | None:
+    """For jsonargparse's ``Unexpected config: - a - b`` (a config file that is a list or a single value,
+    not a mapping of options), a line naming the file and what it must hold; None for other messages.
+
+    >>> config_shape_error("Unexpected config: - a", ["fit", "--config=missing.yaml"])
+    'a config file must be a mapping of options (key: value), e.g. "trainer: {max_epochs: 5}"; found: - a'
+    """
+    if not message.startswith("Unexpected config"):
+        return None
+    import yaml  # only on this error: the commands answer without it otherwise
+
+    found = " ".join(message.partition(":")[2].split())  # the YAML as jsonargparse shows it, on one line
+    words = list(argv)
+    values = [word.partition("=")[2] if "=" in word else nxt for word, nxt in zip(words, [*words[1:], ""], strict=True)]
+    for value in values:
+        path = Path(value) if value else None
+        if path is not None and path.suffix in (".yaml", ".yml", ".json") and path.is_file():
+            try:
+                content = yaml.safe_load(path.read_text())
+            except (OSError, yaml.YAMLError):
+                continue
+            if not isinstance(content, dict):
+                kind = "a list" if isinstance(content, list) else f"a single value ({type(content).__name__})"
+                return (
+                    f"{path}: a config file must be a mapping of options (key: value), e.g. "
+                    f'"trainer: {{max_epochs: 5}}"; this one holds {kind}: {found}'
+                )
+    return f'a config file must be a mapping of options (key: value), e.g. "trainer: {{max_epochs: 5}}"; found: {found}'

@@ -17,7 +17,10 @@ also without a logger, and test/validate/predict of a fit's checkpoint inside th
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +66,8 @@ SAME_SETUP = (
     "trainer.devices",
     "trainer.num_nodes",
     "trainer.precision",
-    "data.init_args.image_size",
-    "data.init_args.batch_size",
+    "data.image_size",
+    "data.batch_size",
 )
 
 
@@ -75,13 +78,25 @@ def same_setup(fit_run: Path, config: Any) -> bool:
     if not saved.is_file():
         return False
     fit_config = yaml.safe_load(saved.read_text()) or {}
-    for key in SAME_SETUP:
-        value, fit_value = config.get(key), fit_config
-        for part in key.split("."):
-            fit_value = fit_value.get(part) if isinstance(fit_value, dict) else None
-        if (value.as_dict() if isinstance(value, Namespace) else value) != fit_value:
-            return False
-    return True
+    own_config = config.as_dict() if isinstance(config, Namespace) else config
+    return all(setting(own_config, key) == setting(fit_config, key) for key in SAME_SETUP)
+
+
+def setting(config: Any, key: str) -> Any:
+    """The value of a dotted ``key`` in a config dict, looking inside ``init_args`` where a section is
+    given by class (``data: {class_path: ..., init_args: {image_size: 32}}``); None if absent.
+
+    >>> setting({"data": {"class_path": "x.Y", "init_args": {"image_size": 32}}}, "data.image_size")
+    32
+    >>> setting({"trainer": {"devices": 2}}, "trainer.devices"), setting({}, "trainer.devices")
+    (2, None)
+    """
+    value = config
+    for part in key.split("."):
+        if isinstance(value, dict) and part not in value and isinstance(value.get("init_args"), dict):
+            value = value["init_args"]
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def arrange_run_folder(subcommand: str, config: Any) -> str | None:
@@ -111,3 +126,39 @@ def arrange_run_folder(subcommand: str, config: Any) -> str | None:
     else:
         return None
     return f"config-{subcommand}.yaml"
+
+
+def run_label(folder: Path) -> str:
+    """A run's name for TensorBoard: its folder and setup, ``version_3-ddp-resnet50-2xcpu-b256`` (from its
+    ``timing.json``, else its ``config.yaml``; the folder's name alone when neither says)."""
+    setup: list[Any] = []
+    timing_file, config_file = folder / "timing.json", folder / "config.yaml"
+    try:
+        if timing_file.is_file():
+            timing = json.loads(timing_file.read_text())
+            devices = f"{timing['devices']}x{timing['accelerator']}" if "devices" in timing else None
+            batch = f"b{timing['batch_size']}" if "batch_size" in timing else None
+            setup = [timing.get("strategy"), timing.get("arch"), devices, batch]
+        elif config_file.is_file():
+            config = yaml.safe_load(config_file.read_text()) or {}
+            trainer, model = config.get("trainer") or {}, config.get("model") or {}
+            arch = (model.get("init_args") or model).get("arch")
+            setup = [trainer.get("strategy"), arch, f"{trainer.get('devices')}x{trainer.get('accelerator')}"]
+    except (OSError, ValueError, yaml.YAMLError, AttributeError):
+        setup = []
+    words = [str(word) for word in setup if word is not None and not isinstance(word, dict)]
+    return "-".join(re.sub(r"[^\w.+]+", "_", word) for word in [folder.name, *words])
+
+
+def tensorboard_logdir_spec(root: Path) -> str:
+    """TensorBoard's ``--logdir_spec`` for the run folders under ``root``, each run named by
+    :func:`run_label` (TensorBoard names a run by its folder, ``version_N``, which says nothing of its
+    setup); ``--logdir=root`` where there is no run folder (yet)."""
+    folders = sorted({p.parent for p in Path(root).rglob("events.out.tfevents.*")})
+    if not folders:
+        return f"--logdir={root}"
+    return "--logdir_spec=" + ",".join(f"{run_label(folder)}:{folder}" for folder in folders)
+
+
+if __name__ == "__main__":  # make tensorboard: the runs under LOGDIR, named by their setup
+    print(tensorboard_logdir_spec(Path(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_LOGGER_NAME)))

@@ -18,6 +18,7 @@ from typing import Any
 
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
+from project.toolkit.run_dirs import setting
 
 log = get_logger(__name__)
 
@@ -50,7 +51,7 @@ def derive_settings(subcommand: str, config: Any) -> None:
         # cuDNN's autotuner picks the fastest convolution kernels for the (fixed) input shape; it
         # may pick differently from run to run, so a deterministic run leaves it off. No effect on CPU.
         trainer.benchmark = not trainer.get("deterministic")
-    if config.get("data.init_args.val_size") == 0:
+    if setting(config.as_dict(), "data.val_size") == 0:  # also inside data.init_args (--data=Class)
         if subcommand == "validate":
             raise ProjectError("data.val_size=0 holds out no images, so there is nothing to validate; use test")
         trainer.limit_val_batches = 0

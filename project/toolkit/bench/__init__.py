@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from project.toolkit.bench.chart import chart_figure, write_chart
+from project.toolkit.bench.compare import write_chart_if_possible
 from project.toolkit.bench.config import SINGLE, BenchConfig, Cell, expand, load_config
 from project.toolkit.bench.matrix import MARKER, cell_args, collect, run_cell, run_folder, run_matrix
 from project.toolkit.bench.report import environment_section, speedups, write_csv, write_markdown
@@ -89,9 +90,9 @@ def bench(config_path: Path, out: Path, command: str) -> list[dict[str, Any]]:
     machine = machine_description()
     write_csv(rows, out / "results.csv")
     write_markdown(rows, out / "results.md", command, machine)
-    write_chart(rows, out / "results.png", f"{config_path.stem} ({machine})")
+    written = write_chart_if_possible(rows, out / "results.png", f"{config_path.stem} ({machine})")
     done = sum(r["status"] == "ok" for r in rows)
-    print(f"bench: {done}/{len(rows)} cells finished; results in {out}/results.{{csv,md,png}}", flush=True)
+    print(f"bench: {done}/{len(rows)} cells finished; results in {out}/results.{{{written}}}", flush=True)
     return rows
 
 

@@ -12,6 +12,7 @@ Nothing is trained. Cheap to import: the chart imports matplotlib when it draws.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
@@ -105,9 +106,25 @@ def compare(run_dirs: list[str], out: Path, command: str) -> list[dict[str, Any]
     how = "Each cell is a finished run, read from the `timing.json` its fit (and test) wrote."
     machine = "each run's own, as its timing.json records it (Environment, below)"
     write_markdown(rows, out / "results.md", command, machine, title="Run comparison", how=how)
-    write_chart(rows, out / "results.png", f"{len(rows)} runs compared")
-    print(f"compare: {len(rows)} runs; results in {out}/results.{{csv,md,png}}", flush=True)
+    written = write_chart_if_possible(rows, out / "results.png", f"{len(rows)} runs compared")
+    print(f"compare: {len(rows)} runs; results in {out}/results.{{{written}}}", flush=True)
     return rows
+
+
+def write_chart_if_possible(rows: list[dict[str, Any]], path: Path, title: str) -> str:
+    """Draw the chart where matplotlib is installed (the ``bench`` extra; ``make fit`` installs it); else
+    say in one line that it was skipped and why: the tables are the results, the chart only shows them.
+    Returns the result files written, as ``csv,md,png`` or ``csv,md``."""
+    if importlib.util.find_spec("matplotlib") is None:
+        print(
+            f"{path.name} skipped: the chart needs matplotlib, which is not installed "
+            "(pip install -e '.[bench]'); the tables are written",
+            file=sys.stderr,
+            flush=True,
+        )
+        return "csv,md"
+    write_chart(rows, path, title)
+    return "csv,md,png"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,12 +43,14 @@ def _baseline_key(row: dict[str, Any]) -> tuple[Any, ...]:
 
 def speedups(rows: list[dict[str, Any]]) -> list[float | None]:
     """Each cell's steady-state epoch time against the ``single`` cell of the same arch, batch,
-    precision and variant: ``single seconds / cell seconds`` (2.0 = twice as fast)."""
-    baseline = {
-        _baseline_key(r): r.get("epoch_seconds_mean")
-        for r in rows
-        if r["bench_strategy"] == SINGLE and r["status"] == "ok"
-    }
+    precision and variant: ``single seconds / cell seconds`` (2.0 = twice as fast). Only a cell with a
+    training time can be the baseline, the first such one: a later test- or predict-only run on one
+    device (``compare`` of a whole ``lightning_logs``) leaves it in place."""
+    baseline: dict[tuple[Any, ...], float] = {}
+    for r in rows:
+        seconds = r.get("epoch_seconds_mean")
+        if r["bench_strategy"] == SINGLE and r["status"] == "ok" and _is_number(seconds) and seconds > 0:
+            baseline.setdefault(_baseline_key(r), seconds)
     result = []
     for r in rows:
         base, own = baseline.get(_baseline_key(r)), r.get("epoch_seconds_mean")

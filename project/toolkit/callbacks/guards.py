@@ -1,25 +1,69 @@
 """Guards that stop a run which can no longer do useful work, saying why: a non-finite loss
-(:class:`FiniteLossGuard`) and a rank of a multi-process run that died (:class:`LostRankWatchdog`)."""
+(:class:`FiniteLossGuard`), a rank of a multi-process run that died (:class:`LostRankWatchdog`), and
+memory running out (:func:`out_of_memory_message`, the one line the CLI prints instead of the traceback)."""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 
-from project.toolkit.compat import is_subprocess_script_launcher
+from project.toolkit.callbacks.summary import shown_path
+from project.toolkit.compat import is_subprocess_script_launcher, last_global_step_saved
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
+from project.toolkit.preflight import human_bytes
 
 log = get_logger(__name__)
+
+# What torch says when an allocation fails: on the host (its CPU allocator), on a GPU, and when the system
+# killed a DataLoader worker (the kernel's out-of-memory killer, most often).
+_HOST_OOM = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes")
+_DEVICE_OOM = re.compile(r"(CUDA|MPS|XPU|HIP)[^.]*out of memory\.? Tried to allocate ([\d.]+ [KMGT]?i?B)")
+_WORKER_KILLED = re.compile(r"DataLoader worker \(pid\(?s?\)? [^)]*\) is killed by signal: Killed")
+
+
+def out_of_memory_message(error: BaseException, data_config: Any = None) -> str | None:
+    """One line for an out-of-memory ``error`` -- where, how much was asked for, and what to lower (the
+    run's batch and image size, from its ``data`` config) -- or None if ``error`` is something else.
+
+    >>> out_of_memory_message(RuntimeError("[enforce fail at alloc_cpu.cpp:121] . DefaultCPUAllocator: can't "
+    ...     "allocate memory: you tried to allocate 30000000000 bytes. Error code 12"))
+    'out of host memory: the run tried to allocate 30.0 GB more; lower --data.batch_size or --data.image_size'
+    >>> out_of_memory_message(RuntimeError("Connection reset by peer")) is None
+    True
+    """
+    text = str(error)
+    args = data_config.get("init_args") if data_config is not None and data_config.get("class_path") else data_config
+    now = {
+        key: f" (now {args.get(key)})" if args is not None and args.get(key) is not None else ""
+        for key in ("batch_size", "image_size")
+    }
+    lower = f"lower --data.batch_size{now['batch_size']} or --data.image_size{now['image_size']}"
+    if match := _HOST_OOM.search(text):
+        return f"out of host memory: the run tried to allocate {human_bytes(int(match.group(1)))} more; {lower}"
+    if match := _DEVICE_OOM.search(text):
+        return (
+            f"out of {match.group(1)} device memory: the run tried to allocate {match.group(2)} more; {lower}, "
+            "or use a lower --trainer.precision (16-mixed, bf16-mixed) or a sharding strategy (fsdp)"
+        )
+    if _WORKER_KILLED.search(text):
+        return (
+            f"a DataLoader worker was killed by the system, most likely for lack of host memory; {lower}, or lower "
+            "--data.num_workers"
+        )
+    return None
 
 
 class LostRankWatchdog(Callback):
@@ -31,8 +75,8 @@ class LostRankWatchdog(Callback):
     For the processes Lightning starts on one machine (``--trainer.devices=N``) a thread watches them:
     the first process (rank 0) watches the ranks it started, and each of those watches rank 0. When
     one is gone, the watcher prints ``error: rank R of N died (...)`` and ends its own machine's
-    processes, exiting 1. Every finished epoch's ``last.ckpt`` is intact (saves are atomic), so the
-    run resumes with ``--ckpt_path=last``. Under torchrun, SLURM or several machines, the launcher
+    processes, exiting 1; the line says what was saved (``last.ckpt`` and its step: saves are atomic, so
+    it is whole) and how to resume (``--ckpt_path=last``). Under torchrun, SLURM or several machines, the launcher
     reports a failed rank itself; this does nothing there.
     """
 
@@ -41,6 +85,7 @@ class LostRankWatchdog(Callback):
         self._children: list[subprocess.Popen] = []
         self._parent: tuple[int, int] | None = None  # (pid, global rank) of the process that started this one
         self._rank, self._world = 0, 1
+        self._checkpoint: Callback | None = None
         self._stop = threading.Event()
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -48,6 +93,7 @@ class LostRankWatchdog(Callback):
         if trainer.world_size < 2 or not is_subprocess_script_launcher(launcher):
             return
         self._rank, self._world = trainer.global_rank, trainer.world_size
+        self._checkpoint = trainer.checkpoint_callback
         if trainer.local_rank == 0:
             self._children = list(launcher.procs)
         else:
@@ -69,17 +115,26 @@ class LostRankWatchdog(Callback):
         while True:
             lost = self._lost()
             if lost is not None:
-                print(
-                    f"error: {lost}; stopping rank {self._rank} too. Resume with the same command and --ckpt_path=last",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(f"error: {lost}; stopping rank {self._rank} too. {self._saved()}", file=sys.stderr, flush=True)
                 for child in self._children:
                     child.kill()
                 os._exit(1)  # other threads may be blocked in a collective that never returns
             if time.monotonic() >= deadline:
                 return
             time.sleep(0.1)
+
+    def _saved(self) -> str:
+        """What the run saved so far and how to go on from it."""
+        checkpoint = self._checkpoint
+        if not isinstance(checkpoint, ModelCheckpoint) or not checkpoint.dirpath:
+            return "No checkpoint is kept (checkpointing is off): run the same command again to start over"
+        last = Path(checkpoint.dirpath) / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
+        if not last.is_file():
+            return "Nothing was saved yet: run the same command again to start over"
+        return (
+            f"Saved: {shown_path(last)} (step {last_global_step_saved(checkpoint)}); resume with the same command "
+            "and --ckpt_path=last"
+        )
 
     def _lost(self) -> str | None:
         for local_rank, child in enumerate(self._children, start=1):

@@ -7,6 +7,10 @@ that lives on an accelerator makes the host wait for the device each time. This 
 and the learning rate only on the steps the loggers write (every ``--trainer.log_every_n_steps``),
 which read them then anyway, and shows those values until the next such step. ``v_num`` (the run
 folder's number, the same all run long) is left out: the end-of-run summary names the folder.
+
+The loss on the bar is the last logged step's, named ``train/loss_step`` as in TensorBoard; the
+epoch's mean is ``train/loss`` (the end-of-run summary's). The bar is finished when a stage's work is
+done, before the timing table and the summary are printed, not drawn once more below them.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from project.toolkit.compat import loggers_write_this_step
 
 # What the model logs on the steps the loggers write (project/model.py), and the bar's name for each.
-STEP_VALUES = {"train/loss_step": "train/loss", "train/lr": "lr"}
+STEP_VALUES = {"train/loss_step": "train/loss_step", "train/lr": "lr"}
 
 
 def rich_installed() -> bool:
@@ -46,6 +50,28 @@ class TrainingValuesOnBar:
                     value = float(metrics[key])
                     self.step_values[shown] = f"{value:.3g}" if shown == "lr" else f"{value:.3f}"
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # type: ignore[misc]
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)  # type: ignore[misc]
+        self._finish(trainer, pl_module)
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_validation_epoch_end(trainer, pl_module)  # type: ignore[misc]
+        if trainer.state.fn == "validate":  # the validate command, not fit's validation epochs
+            self._finish(trainer, pl_module)
+
+    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_test_epoch_end(trainer, pl_module)  # type: ignore[misc]
+        self._finish(trainer, pl_module)
+
+    def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_predict_epoch_end(trainer, pl_module)  # type: ignore[misc]
+        self._finish(trainer, pl_module)
+
+    def _finish(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Draw the bar one last time and let go of the terminal now (the rich bar's teardown, which Lightning
+        calls only after the end-of-stage hooks that print the timing table and the summary)."""
+        self.teardown(trainer, pl_module, str(trainer.state.stage or ""))  # type: ignore[attr-defined]
 
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
         shown = super().get_metrics(trainer, pl_module)  # type: ignore[misc]

@@ -70,9 +70,12 @@ def summary_lines(trainer: Trainer, stage: str, log_dir: str | None) -> list[str
             lines.append(f"  {name + ':':<17} {shown_path(folder / name)}")
     metrics = format_metrics(trainer.callback_metrics)
     if metrics:
-        lines.append(f"  final metrics:    {metrics}")
+        lines.append(f"  final metrics (epoch means): {metrics}")
     if any(isinstance(logger, TensorBoardLogger) for logger in trainer.loggers):
-        lines.append(f"  open in TensorBoard: tensorboard --logdir {shown_path(folder.parent)}")
+        lines.append(
+            f"  open in TensorBoard: tensorboard --logdir {shown_path(folder.parent)}, then its side-by-side "
+            "charts: http://localhost:6006/#custom_scalars"
+        )
     return lines
 
 

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch import nn
@@ -240,7 +241,7 @@ class TimingCallback(Callback):
         strategy = trainer.strategy
         width = max(1, trainer.num_devices)
         return gather_records(
-            record, peak_memory_mb(self._device), trainer.world_size, strategy.all_gather, strategy.root_device, width
+            record, peak_memory_mb(self._device), trainer.world_size, all_gather(strategy), strategy.root_device, width
         )
 
     def _work(self, trainer: Trainer, kind: str, samples_per_second: float | None) -> dict[str, Any]:
@@ -310,7 +311,23 @@ def _gather_bubble(trainer: Trainer, scope: str) -> list[float] | None:
         return None
     value = measure(scope)
     local = torch.tensor([math.nan if value is None else value], device=trainer.strategy.root_device)
-    return [float(v) for v in trainer.strategy.all_gather(local).reshape(-1).cpu()]
+    return [float(v) for v in all_gather(trainer.strategy)(local).reshape(-1).cpu()]
+
+
+def all_gather(strategy: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The strategy's ``all_gather`` (every rank's tensor, stacked), through torch.distributed's own
+    collective where a process group runs: Lightning's goes through the deprecated
+    ``torch.distributed.nn.functional.all_gather`` (with autograd, unneeded here), which warns on every
+    multi-process run. XLA keeps its strategy's."""
+
+    def gather(tensor: torch.Tensor) -> torch.Tensor:
+        if not (dist.is_available() and dist.is_initialized()) or strategy.root_device.type == "xla":
+            return strategy.all_gather(tensor)
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.stack(parts)
+
+    return gather
 
 
 def _device_peak_tflops(device: torch.device, precision: str) -> float | None:

@@ -10,7 +10,12 @@
   placeholder ``hp_metric=-1`` is not written.
 
 Every scalar of a run is on one x axis, the global step (see :mod:`project.toolkit.callbacks.timing`), so the
-charts of one row line up.
+charts of one row line up; Lightning's ``epoch`` scalar, whose chart TensorBoard opened on, is left out.
+
+What TensorBoard does not let a run choose: the tab it opens on (the SCALARS tab; the end-of-run summary
+and ``make tensorboard`` give the address of the CUSTOM SCALARS tab, ``http://localhost:6006/#custom_scalars``),
+and the colours of the runs. A run's name is its folder; ``make tensorboard`` names each run by its
+setup instead (:func:`project.toolkit.run_dirs.tensorboard_logdir_spec`).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class TensorBoardViews(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         for logger in _tensorboard_loggers(trainer):
             drop_placeholder_hp_metric(logger)  # before Lightning logs the hyperparameters
+            drop_epoch_scalar(logger)
             if trainer.is_global_zero:
                 logger.experiment.add_custom_scalars(_summary_writer_layout())
 
@@ -75,6 +81,20 @@ class TensorBoardViews(Callback):
         step = max(lightning_log_step(trainer) - 1, 0)  # the step of the last epoch's val/acc
         for logger in loggers:
             logger.log_hyperparams(params, metrics=metrics, step=step)
+
+
+def drop_epoch_scalar(logger: TensorBoardLogger) -> None:
+    """Leave out the ``epoch`` scalar Lightning adds to every write: its chart (a staircase of the epoch
+    number) was the first TensorBoard opened on, and every chart here is against the global step."""
+    if getattr(logger.log_metrics, "drops_epoch", False):
+        return
+    log_metrics = logger.log_metrics
+
+    def without_epoch(metrics: dict[str, Any], step: int | None = None) -> None:
+        log_metrics({key: value for key, value in metrics.items() if key != "epoch"}, step)
+
+    without_epoch.drops_epoch = True  # type: ignore[attr-defined]
+    logger.log_metrics = without_epoch  # type: ignore[method-assign]
 
 
 def _summary_writer_layout() -> dict[str, dict[str, list[Any]]]:

@@ -188,8 +188,18 @@ def summarise_inference(stage: str, records: list[InferenceRecord], sample_copie
 
 
 def _work(tflops: float | None, mfu: float | None) -> str:
-    """``12.3 TFLOP/s (MFU 41.0 %)``; the MFU only where the device's peak is known."""
-    return number(tflops, 2, " TFLOP/s") + ("" if mfu is None else f" (MFU {100 * mfu:.1f} %)")
+    """``12.3 TFLOP/s (MFU 41.0 %)``; the MFU only where the device's peak is known. Below one TFLOP/s (a
+    CPU) in GFLOP/s or MFLOP/s, so the figure shows rather than ``0.00``.
+
+    >>> _work(12.345, 0.41), _work(0.00512, None), _work(None, None)
+    ('12.3 TFLOP/s (MFU 41.0 %)', '5.12 GFLOP/s', 'n/a')
+    """
+    if not isinstance(tflops, int | float) or isinstance(tflops, bool) or math.isnan(tflops):
+        return "n/a"
+    scale, unit = next(
+        ((s, u) for s, u in ((1.0, "TFLOP/s"), (1e-3, "GFLOP/s")) if abs(tflops) >= s), (1e-6, "MFLOP/s")
+    )
+    return f"{tflops / scale:.3g} {unit}" + ("" if mfu is None else f" (MFU {100 * mfu:.1f} %)")
 
 
 def format_table(report: dict[str, Any], stage: str) -> str:
