@@ -270,6 +270,13 @@ def test_pipeline_runs_match_one_device_resume_exactly_and_serve_a_single_device
     timing = json.loads((piped / "lightning_logs/version_0/timing.json").read_text())
     assert [e["samples"] for e in timing["epochs"]] == [40, 40]  # each sample counted once, not per stage
     assert len(timing["bubble_fraction"]) == 2 and all(0 <= b < 1 for b in timing["bubble_fraction"])
+    # the split ResNet18 declares in project/nets.py, balanced over the 2 stages, as each rank held it
+    stages = timing["parallel_plan"]["stages"]
+    names = [name for stage in stages for name in stage["blocks"]]
+    assert len(names) == 10 and (names[0], names[-1]) == ("stem", "fc")
+    assert [stage["parameters"] for stage in stages] == local and timing["parallel_plan"]["split_by"] == "flops"
+    # the pipeline's loss and forward ran in its view of the module: nothing written on the module itself
+    assert all(r["module_writes"] and all(writes == [] for writes in r["module_writes"]) for r in ranks)
 
     # resumed from the first epoch's checkpoint: the weights of the unbroken run
     resumed_weights = _weights(resumed / "lightning_logs/version_0/checkpoints/last.ckpt")
