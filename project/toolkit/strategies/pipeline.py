@@ -95,8 +95,6 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
             )
         super().__init__(process_group_backend=process_group_backend)
         self.micro_batches, self.schedule_name, self.split = micro_batches, schedule, split
-        self.stage_blocks: list[str] = []  # this rank's blocks, by name
-        self.stage_costs: list[float] = []  # every stage's cost (FLOPs, or parameters without an image size)
         self._stage_module: torch.nn.Module | None = None
         self._schedule: Any = None
         self._full_keys: list[str] = []
@@ -183,18 +181,17 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
         costs = block_costs(blocks, image_size, int(module.hparams.get("in_channels", 3)))
         plan = plan_split(blocks, costs, self.world_size, self.split)
         cost_of = {b.name: cost for b, cost in zip(blocks, costs, strict=True)}
-        self.stage_costs = [sum(cost_of[b.name] for b in stage) for stage in plan]
+        stage_costs = [sum(cost_of[b.name] for b in stage) for stage in plan]  # FLOPs, or parameters
         self._own_blocks = plan[self.global_rank]
-        self.stage_blocks = [b.name for b in self._own_blocks]
         self._full_keys = list(module.state_dict())
         stages = [
             {
                 "blocks": [b.name for b in stage],
                 "modules": [path for b in stage for path in b.paths],
                 "parameters": sum(b.parameter_count for b in stage),
-                "cost_share": round(cost / sum(self.stage_costs), 4),
+                "cost_share": round(cost / sum(stage_costs), 4),
             }
-            for stage, cost in zip(plan, self.stage_costs, strict=True)
+            for stage, cost in zip(plan, stage_costs, strict=True)
         ]
         balance = "named" if self.split else ("flops" if image_size else "parameters")
         self.parallel_plan = {"stages": stages, "split_by": balance}
