@@ -4,6 +4,8 @@ strategies run a module's steps without writing on it. All in this process."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -106,12 +108,17 @@ def test_pipeline_refuses_blocks_that_leave_parameters_out() -> None:
 def test_fsdp_refuses_an_undeclared_network_at_setup_in_one_line(
     tiny_args: list[str], capsys: pytest.CaptureFixture
 ) -> None:
+    environment = dict(os.environ)
     try:
         with pytest.raises(SystemExit) as exit_:
             main(["fit", *tiny_args, "--trainer.strategy=fsdp", "--model.arch=tests.user_nets.undeclared_net"])
     finally:
         if dist.is_initialized():  # the one-process group fsdp set up in this process
             dist.destroy_process_group()
+        # and what Lightning set for it (LOCAL_RANK, MASTER_PORT, ...): a later run's launcher would take
+        # LOCAL_RANK for a process started by someone else, and start no other process
+        os.environ.clear()
+        os.environ.update(environment)
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2
     assert [line for line in err if line.startswith("error:") or "Traceback" in line] == [err[-1]]
