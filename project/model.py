@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
-from project.nets import build_network
+from project.nets import build_network, network_blocks
 from project.toolkit.compat import loggers_write_this_step
 from project.toolkit.errors import ProjectError
 from project.toolkit.training import SampleMean, WarmupCosine
@@ -99,6 +99,10 @@ class ImageClassifier(LightningModule):
     def prepare_images(self, images: torch.Tensor) -> torch.Tensor:
         """The images as the network takes them: in channels_last memory order if so configured."""
         return images.contiguous(memory_format=torch.channels_last) if self.hparams.channels_last else images
+
+    def network_blocks(self) -> list[tuple[str, nn.Module]] | None:
+        """How the network splits into blocks for fsdp and pipeline: :func:`project.nets.network_blocks`."""
+        return network_blocks(self.net)
 
     def training_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The mean loss of the batch and the predicted class of each image."""

@@ -6,6 +6,8 @@
   ``name(num_classes=..., in_channels=...)`` (both come from the data set).
 
 Kept apart from the LightningModule so a network can be used, tested or swapped on its own.
+
+``fsdp`` and ``pipeline`` split a network into blocks; :func:`network_blocks` says how (see its docstring).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import importlib
 
 import torchvision
 from torch import nn
+from torchvision.models import MobileNetV2, ResNet
 
 from project.toolkit.errors import ProjectError
+from project.toolkit.strategies.blocks import default_blocks
 
 
 def available_archs() -> list[str]:
@@ -84,3 +88,31 @@ def _with_input_channels(net: nn.Module, in_channels: int) -> nn.Module:
                 setattr(parent, name, conv)
                 return net
     raise ProjectError(f"{type(net).__name__} has no convolution to take {in_channels}-channel images")
+
+
+def network_blocks(net: nn.Module) -> list[tuple[str, nn.Module]] | None:
+    """The blocks ``fsdp`` shards at (one unit each) and ``pipeline`` balances over its stages: an ordered list
+    of ``(name, module)``, each module made of the network's own submodules, which applied one after the other
+    compute ``net``'s forward. Only those two strategies ask; single device, ddp and dp need nothing.
+
+    To declare your network's: give its class a method ``network_blocks(self)`` returning that list, or add a
+    branch here. An ``nn.Sequential`` needs nothing: it splits at its children. None (declared nowhere) makes
+    fsdp and pipeline refuse the network in one line. (docs/strategies.md, "What a network declares".)
+
+    >>> [name for name, _ in network_blocks(torchvision.models.resnet18(num_classes=10))][:3]
+    ['stem', 'layer1.0', 'layer1.1']
+    >>> [name for name, _ in network_blocks(nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten()))]
+    ['0', '1']
+    """
+    if isinstance(net, ResNet):
+        stem = nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool)
+        layers = [
+            (f"{layer}.{i}", block)
+            for layer in ("layer1", "layer2", "layer3", "layer4")
+            for i, block in enumerate(getattr(net, layer))
+        ]
+        return [("stem", stem), *layers, ("fc", nn.Sequential(net.avgpool, nn.Flatten(1), net.fc))]
+    if isinstance(net, MobileNetV2):  # its forward pools and flattens between features and classifier
+        head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(1), net.classifier)
+        return [*((f"features.{i}", block) for i, block in enumerate(net.features)), ("classifier", head)]
+    return default_blocks(net)

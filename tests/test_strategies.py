@@ -33,8 +33,9 @@ from project.toolkit.strategies import (
     leave_gloo_process_group,
     register_strategies,
 )
+from project.toolkit.strategies.blocks import module_blocks
 from project.toolkit.strategies.dp import NetWithLoss
-from project.toolkit.strategies.fsdp import SHARDED_BLOCKS, shard_network
+from project.toolkit.strategies.fsdp import shard_network
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,21 +45,33 @@ def local_numel(tensor: torch.Tensor) -> int:
     return tensor.to_local().numel() if isinstance(tensor, DTensor) else tensor.numel()
 
 
+def writes_on(module: LightningModule, own_net: Any) -> list[str]:
+    """What a strategy wrote on the user's module object: instance attributes that shadow its class's
+    methods (``training_loss``, ``forward``), and ``net`` if it is no longer the module's own network."""
+    shadowed = sorted(name for name in vars(module) if callable(getattr(type(module), name, None)))
+    return shadowed + ([] if module.net is own_net else ["net"])
+
+
 class Recorder(Callback):
     """Writes what one process of a run saw to ``<out>/rank<R>-<stage>.json``: the strategy and device,
     the training order of every epoch, batch sizes, losses, how many parameters, gradients and
-    optimizer-state elements it held, how many evaluation batches it ran, and the final metrics.
+    optimizer-state elements it held, how many evaluation batches it ran, and the final metrics;
+    also, at every training and validation batch, what the strategy wrote on the module (``writes_on``),
+    and which network the steps called (the strategy's view's, where it runs the steps through one).
     With ``save_weights`` it also saves its final weights to ``<out>/rank<R>-weights.pt``."""
 
     def __init__(self, out: str = "records", save_weights: bool = False) -> None:
         self.out, self.save_weights = Path(out), save_weights
         self.record: dict[str, Any] = defaultdict(list)
+        self._own_net: Any = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self.record.update(strategy=type(trainer.strategy).__name__, world_size=trainer.world_size)
+        self._own_net = pl_module.net
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        net = pl_module.net
+        view = getattr(trainer.strategy, "module_view", None)
+        net = (pl_module if view is None else view).net
         self.record.update(
             start={"epoch": trainer.current_epoch, "global_step": trainer.global_step},
             device=str(pl_module.device),
@@ -76,6 +89,7 @@ class Recorder(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self.record["losses"].append(outputs["loss"].item())
+        self.record["module_writes"].append(writes_on(pl_module, self._own_net))
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         # After backward: under fsdp every unit is resharded now (the root unit keeps its parameters
@@ -93,6 +107,9 @@ class Recorder(Callback):
 
     def on_validation_batch_start(self, trainer: Trainer, *args: Any) -> None:
         self.record["val_batches"].append(trainer.current_epoch)
+
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self.record["module_writes"].append(writes_on(pl_module, self._own_net))
 
     def on_test_batch_start(self, trainer: Trainer, *args: Any) -> None:
         self.record["test_batches"].append(0)
@@ -174,7 +191,7 @@ def test_xla_cpu_without_torch_xla_says_how_to_install_it(
 # --------------------------------------------------------------------------- dp on one process
 
 
-def test_dp_runs_single_device_losses_and_wraps_only_the_network(
+def test_dp_runs_single_device_losses_and_wraps_only_the_network_in_a_view_not_on_the_module(
     tiny_args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     common = [*tiny_args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.deterministic=true"]
@@ -191,6 +208,7 @@ def test_dp_runs_single_device_losses_and_wraps_only_the_network(
         runs[strategy] = recorded(out / "records", "fit")
         runs[strategy]["stderr"] = capsys.readouterr().err
         runs[strategy]["net_after"] = type(cli.model.net).__name__
+        runs[strategy]["writes_after"] = writes_on(cli.model, cli.model.net)
         runs[strategy]["keys"] = sorted(last_checkpoint(out)["state_dict"])
 
     single = runs["auto"]
@@ -204,7 +222,9 @@ def test_dp_runs_single_device_losses_and_wraps_only_the_network(
             "single-device run on cpu"
         ]
         assert run["keys"] == single["keys"]  # checkpoints interchangeable with every other strategy
-        assert run["net_after"] == "MobileNetV2"  # unwrapped again when the run ends
+        assert run["net_after"] == "MobileNetV2" and run["writes_after"] == []
+        # nothing written on the module while it ran either: the steps ran through the strategy's view
+        assert len(run["module_writes"]) > 4 and all(writes == [] for writes in run["module_writes"])
     # while training: DataParallel around the network alone (dp), or around the network and the loss
     assert runs["dp"]["net"] == ["DataParallel", "MobileNetV2"]
     assert runs["dp_balanced"]["net"] == ["DataParallel", "NetWithLoss"]
@@ -329,17 +349,26 @@ def test_a_gloo_process_group_is_left_at_exit() -> None:
             dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("arch, block", [("mobilenet_v2", "InvertedResidual"), ("resnet50", "Bottleneck")])
-def test_fsdp_shards_every_block_then_the_root_once(one_process_group: Any, arch: str, block: str) -> None:
+@pytest.mark.parametrize(
+    "arch, units",
+    [
+        ("mobilenet_v2", [*(f"features.{i}" for i in range(19)), "classifier"]),
+        ("resnet50", ["stem", *(f"layer{i}.{j}" for i, n in ((1, 3), (2, 4), (3, 6), (4, 3)) for j in range(n)), "fc"]),
+        ("tests.user_nets.sequential_convnet", ["stem", "block1", "block2", "head"]),
+    ],
+    ids=["mobilenet_v2", "resnet50", "user-sequential"],
+)
+def test_fsdp_shards_every_declared_block_then_the_root(one_process_group: Any, arch: str, units: list[str]) -> None:
     model = ImageClassifier(arch=arch)
-    blocks = [m for m in model.net.modules() if isinstance(m, SHARDED_BLOCKS)]
-    assert blocks and {type(m).__name__ for m in blocks} == {block}
-    shard_network(model.net, one_process_group["data_parallel"])
-    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    assert sharded == [model.net, *blocks]
+    total = sum(p.numel() for p in model.net.parameters())
+    blocks = module_blocks(model, "fsdp")
+    plan = shard_network(model.net, blocks, one_process_group["data_parallel"])
+    assert [u["name"] for u in plan] == [*units, "root"]
+    assert sum(u["parameters"] for u in plan) == total and all(u["parameters"] > 0 for u in plan[:-1])
+    # one FSDP unit per block, over the network's own modules (ResNet's stem: conv1, bn1, relu, maxpool)
+    sharded = {name for name, m in model.net.named_modules() if isinstance(m, FSDPModule)}
+    assert sharded == {"", *(path for block in blocks for path in block.paths)}
     assert all(isinstance(p, DTensor) for p in model.parameters())
-    shard_network(model.net, one_process_group["data_parallel"])  # again, as for validate/test after fit
-    assert [m for m in model.modules() if isinstance(m, FSDPModule)] == sharded
 
 
 def test_without_a_device_mesh_configure_model_leaves_the_network_alone() -> None:

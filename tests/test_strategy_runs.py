@@ -4,6 +4,7 @@ Slow (each run starts Python, torch and Lightning), and still part of CI."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from project.data import CIFAR10DataModule
 from project.model import ImageClassifier
 from tests.test_strategies import free_port_below_ephemeral_range, last_checkpoint, recorded, recorder_args
+from tests.user_nets import sequential_convnet
 
 REPO = Path(__file__).resolve().parents[1]
 STOP_AFTER_FIRST_EPOCH = "--trainer.callbacks+=tests.test_strategies.StopAfterFirstEpoch"
@@ -70,13 +72,19 @@ def metrics(out: Path, stage: str, split: str) -> dict[str, float]:
     return {k: v for k, v in recorded(out, stage)["metrics"].items() if k in (f"{split}/acc", f"{split}/loss")}
 
 
-# Every strategy with MobileNetV2; with ResNet50 only fsdp, which shards each of its Bottleneck blocks (the
-# others treat every network alike; CI time: each of these runs costs 40-60 s).
-ARCH_RUNS = [(strategy, "mobilenet_v2") for strategy in STRATEGIES] + [("fsdp", "resnet50")]
+# A user's network that the machinery knows nothing of: an nn.Sequential, split at its children.
+USER_NET = "tests.user_nets.sequential_convnet"
+USER_NET_BLOCKS = ["stem", "block1", "block2", "head"]
+
+# Every strategy but fsdp with MobileNetV2; fsdp, which shards the blocks a network declares, with the user's
+# nn.Sequential and with ResNet50 (whose stem block is four of its modules). The others treat every network
+# alike (CI time: each of these runs costs 40-60 s).
+ARCH_RUNS = [(strategy, "mobilenet_v2") for strategy in STRATEGIES if strategy != "fsdp"]
+ARCH_RUNS += [("fsdp", USER_NET), ("fsdp", "resnet50")]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "arch"), ARCH_RUNS, ids=[f"{s}-{a}" for s, a in ARCH_RUNS])
+@pytest.mark.parametrize(("strategy", "arch"), ARCH_RUNS, ids=[f"{s}-{a.rpartition('.')[2]}" for s, a in ARCH_RUNS])
 def test_fit_validate_test(strategy: str, arch: str, tiny_args: list[str], cifar_root: Path, tmp_path: Path) -> None:
     strategy_args, world = STRATEGIES[strategy]
     # 41 validation images do not split evenly across 2 processes: fsdp must still not hang
@@ -84,7 +92,7 @@ def test_fit_validate_test(strategy: str, arch: str, tiny_args: list[str], cifar
     out = tmp_path / "records"
     epochs = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=2"]
     validate_once = ["--trainer.num_sanity_val_steps=0", "--trainer.check_val_every_n_epoch=2"]  # saves time
-    run_project("fit", *common, *epochs, *validate_once, *recorder_args(out), cwd=tmp_path)
+    err = run_project("fit", *common, *epochs, *validate_once, *recorder_args(out), cwd=tmp_path)
 
     # rank 0 alone wrote: one run folder, one event file, one config, the checkpoints
     runs = tmp_path / "lightning_logs"
@@ -106,17 +114,29 @@ def test_fit_validate_test(strategy: str, arch: str, tiny_args: list[str], cifar
     assert len({len(r["val_batches"]) for r in ranks}) == 1  # as many evaluation steps on every rank
     if strategy == "dp":
         assert ranks[0]["net"][0] == "DataParallel"
+        assert all(writes == [] for writes in ranks[0]["module_writes"])  # in the strategy's view, not the module
+    plan = json.loads((run / "timing.json").read_text()).get("parallel_plan")
     if strategy == "fsdp":
         for r in ranks:  # parameters, gradients and optimizer state: each rank holds about half
             half = r["params"]["total"] / 2
             assert abs(r["params"]["local"] - half) < 0.02 * half
             assert abs(r["grads"] - half) < 0.02 * half and abs(r["optimizer_state"] - half) < 0.02 * half
+        # one unit per block the network declares, then the root; recorded, and printed once (rank 0)
+        units = plan["units"]
+        assert sum(u["parameters"] for u in units) == ranks[0]["params"]["total"] and units[-1]["name"] == "root"
+        if arch == USER_NET:
+            assert [u["name"] for u in units] == [*USER_NET_BLOCKS, "root"] and units[-1]["parameters"] == 0
+        else:
+            assert units[0] == {"name": "stem", "modules": ["conv1", "bn1", "relu", "maxpool"], "parameters": 9536}
+        assert err.count("fsdp plan:") == 1
+    else:
+        assert plan is None
 
     # validate and test the last checkpoint under the same strategy: reduced across the ranks, the
     # metrics equal a single-process evaluation of that checkpoint over the whole split. validate goes
     # through the same evaluation code as test, so ResNet50 (the slow arch) runs test alone (CI time).
     last = run / "checkpoints" / "last.ckpt"
-    stages = (("validate", "val"), ("test", "test")) if arch == "mobilenet_v2" else (("test", "test"),)
+    stages = (("validate", "val"), ("test", "test")) if arch != "resnet50" else (("test", "test"),)
     for stage, split in stages:
         run_project(stage, *common, "--ckpt_path=last", *recorder_args(out), cwd=tmp_path)
         expected = evaluate(last, cifar_root, split)
@@ -124,6 +144,38 @@ def test_fit_validate_test(strategy: str, arch: str, tiny_args: list[str], cifar
     # the evaluations of the fit's checkpoint wrote into its folder (rank 0 alone: one config each)
     assert [p.name for p in runs.iterdir()] == ["version_0"]
     assert all((run / f"config-{stage}.yaml").is_file() for stage, _ in stages)
+
+
+@pytest.mark.slow
+def test_a_users_sequential_network_is_pipelined_in_two_stages_and_the_plan_recorded_and_printed_once(
+    tiny_args: list[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "records"
+    err = run_project(
+        "fit",
+        *tiny_args,
+        f"--model.arch={USER_NET}",
+        f"--config={REPO / 'configs' / 'strategy' / 'pipeline.yaml'}",
+        "--trainer.strategy.micro_batches=2",
+        "--trainer.devices=2",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=2",
+        "--trainer.num_sanity_val_steps=0",
+        *recorder_args(out),
+        cwd=tmp_path,
+    )
+    stages = json.loads((tmp_path / "lightning_logs/version_0/timing.json").read_text())["parallel_plan"]["stages"]
+    total = sum(p.numel() for p in sequential_convnet(num_classes=10, in_channels=3).parameters())
+    assert len(stages) == 2 and all(stage["parameters"] > 0 for stage in stages)
+    assert sum(stage["parameters"] for stage in stages) == total
+    assert [name for stage in stages for name in stage["blocks"]] == USER_NET_BLOCKS  # in order, each once
+    assert [stage["modules"] for stage in stages] == [stage["blocks"] for stage in stages]  # the children
+    assert err.count("pipeline plan:") == 1
+    for rank in (0, 1):  # trained and validated through the stages, without a write on the module object
+        record = recorded(out, "fit", rank)
+        assert record["params"]["local"] == stages[rank]["parameters"]
+        assert len(record["losses"]) == 2 and record["val_batches"]
+        assert record["module_writes"] and all(writes == [] for writes in record["module_writes"])
 
 
 @pytest.mark.slow

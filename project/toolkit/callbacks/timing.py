@@ -267,6 +267,8 @@ class TimingCallback(Callback):
         """Rank 0: TensorBoard scalars, the merged ``timing.json`` and the printed table."""
         _log_scalars(trainer, scalars, step)
         report = {**report, "model_flops_per_sample": self._flops, "environment": run_environment()}
+        if plan := getattr(trainer.strategy, "parallel_plan", None):  # fsdp's units, pipeline's stages
+            report["parallel_plan"] = plan
         if trainer.loggers and log_dir is not None:
             self.report = update_timing_json(Path(log_dir) / "timing.json", report)
         else:

@@ -7,18 +7,22 @@ this template adds reach into the module, through these attributes only:
 
 ====================  =============================================================================
 ``net``               the network, an ``nn.Module``: ``dp`` wraps it in ``nn.DataParallel``, ``fsdp``
-                      shards it block by block (:data:`project.toolkit.strategies.fsdp.SHARDED_BLOCKS`),
-                      ``pipeline`` splits it into stages (:mod:`project.toolkit.strategies.stages`)
+                      shards it block by block, ``pipeline`` splits it into stages of blocks
+``network_blocks``    optional, ``() -> [(name, module), ...]``: the blocks ``fsdp`` and ``pipeline``
+                      split ``net`` at (:mod:`project.toolkit.strategies.blocks`); without it, the
+                      network's own ``network_blocks()``, or an ``nn.Sequential``'s children
 ``criterion``         the loss, an ``nn.Module`` called as ``criterion(logits, labels)``, a mean:
                       ``dp_balanced`` computes it inside each replica, ``pipeline`` on its last stage
                       per micro-batch
 ``prepare_images``    ``images -> images``, what ``forward`` does before calling ``net`` (the memory
                       format): ``dp_balanced`` and ``pipeline`` call it before their own calls of ``net``
 ``training_loss``     ``(images, labels) -> (mean loss, predicted classes)``, used by the module's
-                      ``training_step``: ``dp_balanced`` and ``pipeline`` replace it on the instance while
-                      they run (``pipeline`` also replaces ``forward``, which must be
-                      ``net(prepare_images(images))``, for evaluation)
+                      ``training_step``: ``dp_balanced`` and ``pipeline`` replace it (``pipeline`` also
+                      ``forward``, which must be ``net(prepare_images(images))``, for evaluation)
 ====================  =============================================================================
+
+No strategy writes on the module: ``dp``, ``dp_balanced`` and ``pipeline`` run its steps through a view
+of it that holds their replacements (:mod:`project.toolkit.strategies.view`).
 
 :class:`project.model.ImageClassifier` has all of them.
 """

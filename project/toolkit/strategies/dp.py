@@ -2,10 +2,12 @@
 
 One process drives every GPU of the machine, in the classic flow of ``nn.DataParallel``: the
 LightningModule's step runs once, on the root device (the first GPU), and only the network,
-``self.net``, is wrapped. Calling it scatters the batch across the GPUs, replicates the network onto
-each, runs the forward passes in parallel threads and gathers the outputs on the root device, where
-the loss is computed; backward reduces the gradients onto the root copy and one optimizer step
-updates it. Metrics and ``self.log`` run once, in the main thread, as on a single device.
+``self.net``, is wrapped -- in a view of the module (:mod:`project.toolkit.strategies.view`) that the
+strategy runs the steps through, so the module itself keeps its own network. Calling the wrapped
+network scatters the batch across the GPUs, replicates the network onto each, runs the forward
+passes in parallel threads and gathers the outputs on the root device, where the loss is computed;
+backward reduces the gradients onto the root copy and one optimizer step updates it.
+Metrics and ``self.log`` run once, in the main thread, as on a single device.
 
 ``dp_balanced`` wraps the network together with the loss (:class:`NetWithLoss`): each
 replica computes the loss of its share, and only those losses (and predicted classes) are gathered,
@@ -18,8 +20,7 @@ metric updates in several replica threads at once, where they race.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -33,11 +34,12 @@ from project.toolkit.compat import StrategyRegistryType
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.strategies.contract import check_module
+from project.toolkit.strategies.view import StepsThroughView, module_view
 
 log = get_logger(__name__)
 
 
-class DataParallelStrategy(SingleDeviceStrategy):
+class DataParallelStrategy(StepsThroughView, SingleDeviceStrategy):
     """Lightning strategy that runs ``module.net`` under ``nn.DataParallel`` across the run's GPUs.
 
     Registered as ``dp`` and, with ``loss_in_replicas=True``, as ``dp_balanced``. It needs a
@@ -57,8 +59,6 @@ class DataParallelStrategy(SingleDeviceStrategy):
         self.strategy_name = "dp_balanced" if loss_in_replicas else "dp"  # the run's name for it, in logs
         # Filled in by the Trainer from --trainer.accelerator/--trainer.devices, as for DDP.
         self.parallel_devices: list[torch.device] = []
-        self._bare_net: nn.Module | None = None
-        self._wrapped_net: nn.DataParallel | None = None
 
     @property
     def root_device(self) -> torch.device:
@@ -81,47 +81,22 @@ class DataParallelStrategy(SingleDeviceStrategy):
         module = self.lightning_module
         check_module(module, self.strategy_name)
         check_not_compiled(module.net, self.strategy_name)
-        self._bare_net = module.net
+        # The steps run through a view of the module whose `net` is the wrapped network (and whose
+        # training_loss, for dp_balanced, takes the replicas' losses); the module keeps its own network, so
+        # its checkpoints have the keys of every other strategy (net.features..., not net.module.features...).
         if self.loss_in_replicas:
-            self._wrapped_net = data_parallel(NetWithLoss(module.net, module.criterion), self.parallel_devices)
-            # An instance attribute shadows the module's own method until teardown removes it.
-            module.training_loss = functools.partial(_loss_in_replicas, module)
+            wrapped = data_parallel(NetWithLoss(module.net, module.criterion), self.parallel_devices)
+            loss = functools.partial(_loss_in_replicas, wrapped, module.prepare_images)
+            self.module_view = module_view(module, net=wrapped, training_loss=loss)
         else:
-            self._wrapped_net = data_parallel(module.net, self.parallel_devices)
-        module.net = self._wrapped_net
+            self.module_view = module_view(module, net=data_parallel(module.net, self.parallel_devices))
 
     def training_step(self, *args: Any, **kwargs: Any) -> STEP_OUTPUT:
         check_batch_splits_evenly(extract_batch_size(args[0]), self.num_gpus)
         return super().training_step(*args, **kwargs)
 
-    @contextmanager
-    def _bare_network(self) -> Iterator[None]:
-        """The module with its own network in ``net`` for a while, so that checkpoints keep the keys of
-        every other strategy (``net.features...``, not ``net.module.features...``)."""
-        module = self.lightning_module
-        if self._wrapped_net is None or module.net is not self._wrapped_net:
-            yield
-            return
-        module.net = self._bare_net
-        try:
-            yield
-        finally:
-            module.net = self._wrapped_net
-
-    def lightning_module_state_dict(self) -> dict[str, Any]:
-        with self._bare_network():
-            return super().lightning_module_state_dict()
-
-    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
-        with self._bare_network():
-            super().load_model_state_dict(checkpoint, strict=strict)
-
     def teardown(self) -> None:
-        module = self.lightning_module
-        if module is not None and self._wrapped_net is not None:
-            module.net = self._bare_net
-            module.__dict__.pop("training_loss", None)  # the module's own method again
-        self._bare_net = self._wrapped_net = None
+        self.module_view = None
         super().teardown()
 
     @classmethod
@@ -166,9 +141,14 @@ class NetWithLoss(nn.Module):
         return loss_sum.reshape(1), logits.argmax(dim=1)
 
 
-def _loss_in_replicas(module: Any, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``dp_balanced``'s ``training_loss``: each replica returned the loss sum of its share."""
-    loss_sums, predictions = module.net(module.prepare_images(images), labels)
+def _loss_in_replicas(
+    wrapped: nn.Module,
+    prepare_images: Callable[[torch.Tensor], torch.Tensor],
+    images: torch.Tensor,
+    labels: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dp_balanced``'s ``training_loss``: each replica of ``wrapped`` returned the loss sum of its share."""
+    loss_sums, predictions = wrapped(prepare_images(images), labels)
     return loss_sums.sum() / len(labels), predictions
 
 

@@ -47,14 +47,10 @@ from project.toolkit.data.datamodule import data_settings
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.measure.bubble import BubbleMeter
+from project.toolkit.strategies.blocks import Block, check_covers, module_blocks, short_count
 from project.toolkit.strategies.contract import check_module
-from project.toolkit.strategies.stages import (
-    block_costs,
-    build_stage,
-    network_blocks,
-    plan_split,
-    release_other_stages,
-)
+from project.toolkit.strategies.stages import block_costs, build_stage, plan_split, release_other_stages
+from project.toolkit.strategies.view import StepsThroughView, module_view
 
 log = get_logger(__name__)
 
@@ -62,7 +58,7 @@ SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]  # what activations may travel as
 
 
-class PipelineStrategy(DDPStrategy):
+class PipelineStrategy(StepsThroughView, DDPStrategy):
     """One stage of the network per process, micro-batches pipelined through them; registered as ``pipeline``.
 
     Args:
@@ -75,7 +71,8 @@ class PipelineStrategy(DDPStrategy):
             as stages, so less activation memory).
         split: Where the stages start, comma-separated: the block each stage after the first starts at, e.g.
             ``layer3`` for ResNet50's stem, layer1, layer2 | layer3, layer4, fc on 2 devices. By default
-            (null) the split is balanced by each block's counted FLOPs at the run's image size.
+            (null) the split is balanced by each block's counted FLOPs at the run's image size. The blocks
+            are those the network declares (:mod:`project.toolkit.strategies.blocks`).
         process_group_backend: As for ddp: nccl on GPUs, gloo on CPUs by default.
     """
 
@@ -98,12 +95,12 @@ class PipelineStrategy(DDPStrategy):
             )
         super().__init__(process_group_backend=process_group_backend)
         self.micro_batches, self.schedule_name, self.split = micro_batches, schedule, split
-        self.stage_blocks: list[str] = []  # this rank's blocks, by name
-        self.stage_costs: list[float] = []  # every stage's cost (FLOPs, or parameters without an image size)
         self._stage_module: torch.nn.Module | None = None
         self._schedule: Any = None
         self._full_keys: list[str] = []
-        self._own_blocks: list[Any] = []
+        self._own_blocks: list[Block] = []
+        # The stages (blocks, the network's modules, parameter count, share of the cost), for timing.json.
+        self.parallel_plan: dict[str, Any] | None = None
         self._gradients: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = []
         self._meter: BubbleMeter | None = None
 
@@ -161,7 +158,7 @@ class PipelineStrategy(DDPStrategy):
             self._split(module, trainer)
         self.precision_plugin.convert_module(self.model)
         self.model_to_device()
-        self._stage_module = build_stage(module.net, self._own_blocks, module.prepare_images, self.is_last)
+        self._stage_module = build_stage(self._own_blocks, module.prepare_images, self.is_last)
         if fitting:
             self._meter = BubbleMeter(self.root_device)
             stage = PipelineStage(self._stage_module, self.global_rank, self.world_size, self.root_device)
@@ -171,33 +168,52 @@ class PipelineStrategy(DDPStrategy):
             self._schedule = SCHEDULES[self.schedule_name](stage, n_microbatches=self.micro_batches, loss_fn=loss)
             self.setup_optimizers(trainer)  # the parameters of this rank's stage only
         self.setup_precision_plugin()
-        # Instance attributes shadow the module's own methods until teardown removes them.
-        module.training_loss = self._training_loss
-        module.forward = self._forward
+        # The module's steps run through a view in which the pipeline does the loss and the forward; the
+        # module object itself is left as it is.
+        self.module_view = module_view(module, training_loss=self._training_loss, forward=self._forward)
 
     def _split(self, module: pl.LightningModule, trainer: pl.Trainer) -> None:
         """Plan the stages, keep this rank's blocks in the network and release the others."""
         net = module.net
-        blocks = network_blocks(net, str(module.hparams.get("arch", "")))
+        blocks = module_blocks(module, "pipeline")
+        check_covers(net, blocks, "pipeline")
         image_size = data_settings(trainer).get("image_size")
-        costs = block_costs(net, blocks, image_size)
+        costs = block_costs(blocks, image_size, int(module.hparams.get("in_channels", 3)))
         plan = plan_split(blocks, costs, self.world_size, self.split)
-        names = [b.name for b in blocks]
-        self.stage_costs = [sum(costs[names.index(b.name)] for b in stage) for stage in plan]
+        cost_of = {b.name: cost for b, cost in zip(blocks, costs, strict=True)}
+        stage_costs = [sum(cost_of[b.name] for b in stage) for stage in plan]  # FLOPs, or parameters
         self._own_blocks = plan[self.global_rank]
-        self.stage_blocks = [b.name for b in self._own_blocks]
         self._full_keys = list(module.state_dict())
+        stages = [
+            {
+                "blocks": [b.name for b in stage],
+                "modules": [path for b in stage for path in b.paths],
+                "parameters": sum(b.parameter_count for b in stage),
+                "cost_share": round(cost / sum(stage_costs), 4),
+            }
+            for stage, cost in zip(plan, stage_costs, strict=True)
+        ]
+        balance = "named" if self.split else ("flops" if image_size else "parameters")
+        self.parallel_plan = {"stages": stages, "split_by": balance}
         release_other_stages(net, blocks, self._own_blocks)
-        log.info(
-            "pipeline stage %d/%d: %s .. %s (%.0f%% of the cost), %d micro-batch(es), %s",
-            self.global_rank + 1,
-            self.world_size,
-            self.stage_blocks[0],
-            self.stage_blocks[-1],
-            100 * self.stage_costs[self.global_rank] / sum(self.stage_costs),
-            self.micro_batches,
-            self.schedule_name,
-        )
+        log.info(self.describe_plan())
+
+    def describe_plan(self) -> str:
+        """The stages in a few console lines: each one's blocks, parameter count and share of the cost."""
+        plan = self.parallel_plan or {"stages": [], "split_by": ""}
+        split_by = {"named": "named by trainer.strategy.split", "flops": "balanced by FLOPs"}
+        lines = [
+            f"pipeline plan: {len(plan['stages'])} stages, {self.micro_batches} micro-batch(es), "
+            f"{self.schedule_name}, {split_by.get(plan['split_by'], 'balanced by parameters')}:"
+        ]
+        for i, stage in enumerate(plan["stages"]):
+            names = stage["blocks"]
+            span = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
+            lines.append(
+                f"  stage {i}: {span} ({len(names)} block(s), {short_count(stage['parameters'])} parameters, "
+                f"{100 * stage['cost_share']:.0f}% of the cost)"
+            )
+        return "\n".join(lines)
 
     # -- training and evaluation --------------------------------------------------------------
 
@@ -291,10 +307,7 @@ class PipelineStrategy(DDPStrategy):
             optimizer.load_state_dict(stages[self.global_rank])  # moves the state to the parameters' device
 
     def teardown(self) -> None:
-        module = self.lightning_module
-        if module is not None:
-            module.__dict__.pop("training_loss", None)
-            module.__dict__.pop("forward", None)
+        self.module_view = None
         self._schedule = None
         super().teardown()
 

@@ -1,92 +1,45 @@
-"""Splitting a network into pipeline stages: its blocks in order (:func:`network_blocks`), each block's
-cost (:func:`block_costs`), a split balanced by cost or named by the user (:func:`plan_split`), and one
-rank's share of the network (:func:`build_stage`, :func:`release_other_stages`).
+"""Splitting a network into pipeline stages: each block's cost (:func:`block_costs`), a split balanced by
+cost or named by the user (:func:`plan_split`), and one rank's share of the network (:func:`build_stage`,
+:func:`release_other_stages`).
 
-A block is a run of the network's own submodules, named as in its ``state_dict``: ResNets split into
-``stem`` (conv1, bn1, relu, maxpool), ``layer1.0`` ... ``layer4.2`` (the Bottleneck or BasicBlock
-blocks) and ``fc`` (average pool, flatten and the fully connected layer); MobileNetV2 into
-``features.0`` ... ``features.18`` (the InvertedResidual blocks between the first and the last
-convolution) and ``classifier`` (average pool, flatten, dropout and the linear layer). A stage is a run of
-consecutive blocks; the blocks hold the network's own modules, so a stage trains the network's
-parameters and a checkpoint keeps the network's key names.
+The blocks are the network's own declaration (:mod:`project.toolkit.strategies.blocks`): ResNets split into
+``stem`` (conv1, bn1, relu, maxpool), ``layer1.0`` ... ``layer4.2`` and ``fc`` (pooling, flatten, the fully
+connected layer); MobileNetV2 into ``features.0`` ... ``features.18`` and ``classifier``; an ``nn.Sequential``
+at its children. A stage is a run of consecutive blocks; the blocks hold the network's own modules, so a stage
+trains the network's parameters and a checkpoint keeps the network's key names.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
-from torchvision.models import MobileNetV2, ResNet
 
 from project.toolkit.errors import ProjectError
+from project.toolkit.strategies.blocks import Block
 
 
-@dataclass(frozen=True)
-class Block:
-    """One unit of a split: its name, the paths of the network's submodules it runs (in order) and
-    whether the output is flattened after its first submodule (the pooling before a classifier)."""
-
-    name: str
-    paths: tuple[str, ...]
-    flatten_after_first: bool = False
-
-
-def network_blocks(net: nn.Module, arch: str = "") -> list[Block]:
-    """The blocks of a torchvision ResNet or MobileNetV2, in the order the network runs them.
-
-    >>> from torchvision.models import resnet18
-    >>> [b.name for b in network_blocks(resnet18(num_classes=10))][:3]
-    ['stem', 'layer1.0', 'layer1.1']
-    """
-    if isinstance(net, ResNet):
-        layers = [f"layer{i}.{j}" for i in range(1, 5) for j in range(len(getattr(net, f"layer{i}")))]
-        return [
-            Block("stem", ("conv1", "bn1", "relu", "maxpool")),
-            *(Block(name, (name,)) for name in layers),
-            Block("fc", ("avgpool", "fc"), flatten_after_first=True),
-        ]
-    if isinstance(net, MobileNetV2):
-        features = [Block(f"features.{i}", (f"features.{i}",)) for i in range(len(net.features))]
-        return [*features, Block("classifier", ("__pool__", "classifier"), flatten_after_first=True)]
-    raise ProjectError(
-        f"--trainer.strategy=pipeline splits ResNets and MobileNetV2 into stages; model.arch={arch or '?'} "
-        f"({type(net).__name__}) is neither; use resnet50, mobilenet_v2 (or another ResNet), or ddp"
-    )
-
-
-def _module_at(net: nn.Module, path: str) -> nn.Module:
-    """The submodule at ``path``; ``__pool__`` is the average pooling MobileNetV2 does in its forward."""
-    return nn.AdaptiveAvgPool2d(1) if path == "__pool__" else net.get_submodule(path)
-
-
-def block_module(net: nn.Module, block: Block) -> nn.Sequential:
-    """The block as a module of its own that holds the network's submodules (not copies)."""
-    modules = [_module_at(net, path) for path in block.paths]
-    if block.flatten_after_first:
-        modules.insert(1, nn.Flatten(1))
-    return nn.Sequential(*modules)
-
-
-def block_costs(net: nn.Module, blocks: list[Block], image_size: int | None) -> list[float]:
-    """Each block's forward FLOPs for one image of ``image_size`` px (counted on a copy of the network
-    on the ``meta`` device: no memory, no data); without an image size, each block's parameter count.
-    A block's backward costs about twice its forward for every block alike, so the forward decides the
-    balance."""
+def block_costs(blocks: list[Block], image_size: int | None, in_channels: int = 3) -> list[float]:
+    """Each block's forward FLOPs for one image of ``image_size`` px and ``in_channels`` channels (counted on
+    copies of the blocks on the ``meta`` device: no memory, no data); without an image size, each block's
+    parameter count. A block's backward costs about twice its forward for every block alike, so the forward
+    decides the balance."""
     if not image_size:
-        return [float(sum(p.numel() for p in block_module(net, b).parameters())) or 1.0 for b in blocks]
-    memo = {id(t): torch.empty_like(t, device="meta") for t in [*net.parameters(), *net.buffers()]}
-    memo.update({id(p): nn.Parameter(memo[id(p)]) for p in net.parameters()})
-    meta_net = copy.deepcopy(net, memo).eval()  # one image: BatchNorm in training mode would refuse a 1x1 map
-    x = torch.empty(1, 3, image_size, image_size, device="meta")
+        return [float(b.parameter_count) or 1.0 for b in blocks]
+    modules = [b.module for b in blocks]
+    tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())]
+    memo = {id(t): torch.empty_like(t, device="meta") for t in tensors}
+    memo.update({id(p): nn.Parameter(memo[id(p)]) for m in modules for p in m.parameters()})
+    meta_blocks = copy.deepcopy(modules, memo)
+    x = torch.empty(1, in_channels, image_size, image_size, device="meta")
     costs = []
     with torch.no_grad():
-        for block in blocks:
+        for block in meta_blocks:
             with FlopCounterMode(display=False) as counter:
-                x = block_module(meta_net, block)(x)
+                x = block.eval()(x)  # one image: BatchNorm in training mode would refuse a 1x1 map
             costs.append(float(counter.get_total_flops()) or 1.0)  # a block of no FLOPs (a ReLU) still counts
     return costs
 
@@ -123,7 +76,7 @@ def named_starts(blocks: list[Block], split: str, num_stages: int) -> list[int]:
     """The stage starts the user named: ``split`` lists, comma-separated, the block each stage after the
     first starts at; a layer name (``layer3``) means its first block (``layer3.0``).
 
-    >>> blocks = [Block(n, (n,)) for n in ("stem", "layer1.0", "layer2.0", "layer3.0", "fc")]
+    >>> blocks = [Block(n, nn.Identity(), (n,)) for n in ("stem", "layer1.0", "layer2.0", "layer3.0", "fc")]
     >>> named_starts(blocks, "layer3", 2)
     [3]
     """
@@ -140,7 +93,7 @@ def named_starts(blocks: list[Block], split: str, num_stages: int) -> list[int]:
         if index is None or index == 0:
             raise ProjectError(
                 f"trainer.strategy.split={split!r}: {name!r} is not a block a later stage can start at; "
-                f"choose from: {', '.join(allowed[1:])} (or a layer name such as layer3)"
+                f"choose from: {', '.join(allowed[1:])} (or a name's part before its dot)"
             )
         starts.append(index)
     if starts != sorted(set(starts)):
@@ -175,10 +128,10 @@ class StageModule(nn.Module):
 
 
 def build_stage(
-    net: nn.Module, stage_blocks: list[Block], prepare: Callable[[torch.Tensor], torch.Tensor], is_last: bool
+    stage_blocks: list[Block], prepare: Callable[[torch.Tensor], torch.Tensor], is_last: bool
 ) -> StageModule:
-    """This rank's stage, made of the network's own submodules."""
-    return StageModule(nn.Sequential(*(block_module(net, b) for b in stage_blocks)), prepare, is_last)
+    """This rank's stage, made of the network's own submodules (its blocks' modules)."""
+    return StageModule(nn.Sequential(*(b.module for b in stage_blocks)), prepare, is_last)
 
 
 def release_other_stages(net: nn.Module, blocks: list[Block], own: list[Block]) -> None:
@@ -188,7 +141,7 @@ def release_other_stages(net: nn.Module, blocks: list[Block], own: list[Block]) 
     own_paths = {path for block in own for path in block.paths}
     for block in blocks:
         for path in block.paths:
-            if path in own_paths or path == "__pool__":
+            if path in own_paths or not path:
                 continue
             parent_path, _, name = path.rpartition(".")
             setattr(net.get_submodule(parent_path) if parent_path else net, name, nn.Identity())
