@@ -61,6 +61,7 @@ from project.toolkit.errors import ProjectError
 from project.toolkit.measure import anatomy, flops, probes
 from project.toolkit.measure.devices import CudaEventClock, DeviceClock, HostClock, device_clock, peak_memory_mb
 from project.toolkit.measure.environment import run_environment
+from project.toolkit.measure.network import network_profile
 from project.toolkit.measure.recorders import InferenceRecorder, TrainRecorder
 from project.toolkit.measure.stats import clean
 from project.toolkit.measure.summary import (
@@ -124,6 +125,7 @@ class TimingCallback(Callback):
         self._inference = InferenceRecorder(self._clock)
         self._epochs: list[dict[str, Any]] = []
         self._flops: dict[str, float] | None = None
+        self._network: dict[str, Any] | None = None
         self._anatomy = anatomy.AnatomyWindow(self._clock, 0, 0)
         self._ddp_probe: probes.DDPProbe | None = None
 
@@ -134,6 +136,8 @@ class TimingCallback(Callback):
         self._clock = self.make_clock(self._device, self.sync_every_step)
         if self._flops is None:  # before any strategy wraps or shards the network
             self._flops = _count_flops(trainer, pl_module)
+        if stage == "fit" and self._network is None:  # what python -m project plan needs of the network
+            self._network = _network_size(trainer, pl_module)
         if stage == "fit":  # the clock of fit_seconds starts here: the data is set up, the model not yet
             self._train = TrainRecorder(self._clock, self._clock.wait())
             self._epochs = []
@@ -215,6 +219,8 @@ class TimingCallback(Callback):
             report["bubble_fraction"] = [clean(v, 4) for v in bubble]
         if step_anatomy is not None:  # where each rank's step time went, over a window of steady steps
             report["step_anatomy"] = step_anatomy
+        if self._network is not None:
+            report["network"] = {**self._network, "optimizer_state_bytes": _optimizer_state_bytes(trainer)}
         scalars = {f"time/summary/{k}": v for k, v in report.items() if isinstance(v, float)}
         for rank, parts in enumerate(step_anatomy["ranks"] if step_anatomy else []):
             scalars.update({f"time/step_anatomy/{k}/rank{rank}": v for k, v in parts.items() if k in anatomy.FIELDS})
@@ -344,6 +350,32 @@ def _count_flops(trainer: Trainer, pl_module: LightningModule) -> dict[str, floa
             net, image_size, channels_last=channels_last, in_channels=in_channels
         )
     return _FLOPS_OF[key]
+
+
+def _network_size(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any] | None:
+    """Parameters, buffers and activations of ``pl_module.net`` (:mod:`project.toolkit.measure.network`) at
+    the data's image size, for ``python -m project plan``; rank 0 only, None where unknown."""
+    net = getattr(pl_module, "net", None)
+    image_size = data_settings(trainer).get("image_size")
+    if not trainer.is_global_zero or not isinstance(net, nn.Module) or not image_size:
+        return None
+    return network_profile(
+        net,
+        image_size,
+        channels_last=bool(pl_module.hparams.get("channels_last")),
+        in_channels=int(pl_module.hparams.get("in_channels", 3)),
+    )
+
+
+def _optimizer_state_bytes(trainer: Trainer) -> int:
+    """Bytes of this rank's optimizer state (momentum, Adam's moments, ...), at the fit's end."""
+    return sum(
+        value.numel() * value.element_size()
+        for optimizer in trainer.optimizers
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    )
 
 
 def _sample_copies(trainer: Trainer) -> int:

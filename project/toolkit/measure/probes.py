@@ -108,9 +108,7 @@ def _optimizer_end(window: AnatomyWindow) -> None:
     handles: list[Any] = []
 
     def install() -> None:
-        hook = register_optimizer_step_post_hook(
-            lambda optimizer, args, kwargs: window.point("optimizer_end")
-        )
+        hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: window.point("optimizer_end"))
         handles.append(hook)
 
     def remove() -> None:
