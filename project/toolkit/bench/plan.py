@@ -203,9 +203,9 @@ def ddp_exposed_seconds(buckets: list[float], backward: float, world: int, link:
     and what runs past the backward's end is exposed.
 
     >>> link = Link(0.0, 1e9, "given")
-    >>> ddp_exposed_seconds([50e6, 50e6], backward=0.1, world=2, link=link)  # 0.05 s each, the 1st from 0.05 s
+    >>> round(ddp_exposed_seconds([50e6, 50e6], backward=0.1, world=2, link=link), 6)  # 0.05 s each, from 0.05 s
     0.05
-    >>> ddp_exposed_seconds([50e6, 50e6], backward=1.0, world=2, link=link)  # the last hides all but itself
+    >>> round(ddp_exposed_seconds([50e6, 50e6], backward=1.0, world=2, link=link), 6)  # the last one shows
     0.05
     """
     total, ready, finish = sum(buckets), 0.0, 0.0
@@ -404,7 +404,7 @@ def plan(run: Measured, target: Target, link: Link, overlap: bool | None = None)
 def scaling_efficiency(prediction: Prediction, run: Measured) -> float:
     """Throughput over ``devices x`` the measured single device's.
 
-    >>> scaling_efficiency(Prediction("ddp", 4, {"compute": 1.0}, 128, []), Measured(
+    >>> scaling_efficiency(Prediction("ddp", 4, {"compute": 1.25}, 128, []), Measured(
     ...     "cuda", 1, 32, 0, 0.25, 0.5, 0.25, 0, 1, 0, 0, 0, None))
     0.8
     """
