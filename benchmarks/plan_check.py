@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from project.toolkit.bench.plan import Link, Target, plan, read_run, scaling_efficiency
+from project.toolkit.bench.plan import Link, Target, core_slowdown, plan, read_run, scaling_efficiency
 from project.toolkit.measure.tables import markdown_table
 
 PLANNED = {"ddp": "ddp", "fsdp": "fsdp", "pipeline-mb4": "pipeline"}
@@ -49,7 +49,14 @@ def check_cpu(bench_out: Path, out: Path, command: str) -> str:
     for single in sorted(runs.glob("single-*")):
         arch = single.name.split("-")[1]
         run = read_run(single / "lightning_logs" / "version_0")
-        predictions = {p.strategy: p for p in plan(run, Target(2, shared_cores=True), link)}
+        predictions = {
+            p.strategy: p
+            for p in plan(
+                run,
+                Target(2, slowdown=core_slowdown(run, argparse.Namespace(shared_cores="auto", devices=2, nodes=1))),
+                link,
+            )
+        }
         for cell_prefix, strategy in PLANNED.items():
             for cell in sorted(runs.glob(f"{cell_prefix}-{arch}-*")):
                 timing = json.loads((cell / "lightning_logs" / "version_0" / "timing.json").read_text())

@@ -80,7 +80,7 @@ def test_strong_scaling_splits_the_batch_work_but_not_the_optimizer_nor_the_rest
     assert ddp.parts["communication"] == pytest.approx(expected) and expected > 0
     assert ddp.samples_per_step == 32
     # processes sharing the cores of the run: the multi-threaded work runs N x slower, data and rest do not
-    shared = plan.predict_ddp(run, Target(2, shared_cores=True), FAST)
+    shared = plan.predict_ddp(run, Target(2, slowdown=2.0), FAST)
     assert shared.parts["compute"] == pytest.approx(0.6) and shared.parts["optimizer"] == pytest.approx(0.2)
 
 
@@ -106,7 +106,7 @@ def test_pipeline_with_balanced_stages_idles_as_gpipe_says() -> None:
     assert pipeline.parts["bubble"] / pipeline.step == pytest.approx(plan.gpipe_bubble(2, 4))
     assert pipeline.step == pytest.approx(0.6 * 0.5 * 5 / 4)  # (m + p - 1) slots of half the compute / m
     # sharing the cores: a lone stage takes every core, so the step is at least the whole compute
-    shared = plan.predict_pipeline(run, Target(2, micro_batches=16, shared_cores=True), infinite)
+    shared = plan.predict_pipeline(run, Target(2, micro_batches=16, slowdown=2.0), infinite)
     assert shared.step >= 0.6
 
 
@@ -150,7 +150,7 @@ def test_the_command_prints_every_strategy_from_a_timing_json_without_importing_
     code += "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.rstrip().endswith("[]")
-    assert "measured step 1.000 s" in out and "cores shared by the processes" in out  # a CPU run, one node
+    assert "measured step 1.000 s" in out and "each device computes 2x slower" in out  # a CPU run, one node
     record = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert [p["strategy"] for p in record["predictions"]] == ["single", "dp", "ddp", "fsdp", "pipeline"]
     assert record["predictions"][0]["step_seconds"] == pytest.approx(1.0)

@@ -57,6 +57,8 @@ class Measured:
     image_bytes_per_sample: float = 0.0
     units: list[list[Any]] = field(default_factory=list)  # [name, forward FLOPs, parameters, output bytes]
     name: str = ""
+    threads: int | None = None  # the run's intra-op threads
+    cores: int | None = None  # the machine's cores (a CPU run)
 
     @property
     def step(self) -> float:
@@ -80,14 +82,19 @@ class Link:
 class Target:
     """Where the plan puts the run: ``devices`` per node, ``nodes``; ``batch`` is ``global`` (the run's
     global batch split across the devices: the template's convention) or ``per-device`` (each device
-    keeps the run's batch: NVIDIA's tables); ``shared_cores``: the devices are processes sharing the
-    cores the run used (a CPU run planned on the same machine)."""
+    keeps the run's batch: NVIDIA's tables); ``slowdown``: how much slower each device runs the run's
+    multi-threaded work (compute, optimizer) than the run did -- 1 for devices of their own; on a CPU, the
+    processes' threads over the cores the run's threads had (N processes sharing the cores the run used: N)."""
 
     devices: int
     nodes: int = 1
     batch: str = "global"
     micro_batches: int = 4
-    shared_cores: bool = False
+    slowdown: float = 1.0
+
+    @property
+    def shared_cores(self) -> bool:
+        return self.slowdown > 1
 
     @property
     def world(self) -> int:
@@ -134,6 +141,8 @@ def read_run(path: Path) -> Measured:
         image_bytes_per_sample=3 * int(timing.get("image_size") or 0) ** 2 * 4,  # float32 RGB, as the loader gives
         units=network.get("units", []),
         name=str(file),
+        threads=anatomy.get("threads"),
+        cores=(timing.get("environment") or {}).get("cpu_cores"),
     )
 
 
@@ -268,7 +277,7 @@ class Prediction:
 def _share(run: Measured, target: Target) -> tuple[float, float]:
     """(fraction of the run's samples one data-parallel device computes, slow-down of multi-threaded work)."""
     per_device = 1.0 / target.world if target.batch == "global" else 1.0
-    return per_device, float(target.world) if target.shared_cores else 1.0
+    return per_device, target.slowdown
 
 
 def _states_mb(run: Measured) -> float:
@@ -467,7 +476,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--shared-cores",
         choices=("auto", "yes", "no"),
         default="auto",
-        help="the devices are processes sharing the run's CPU cores (auto: yes for a CPU run on 1 node)",
+        help="the devices are processes sharing the machine's CPU cores (auto: for a CPU run on 1 node, from "
+        "the run's threads and cores; yes: N times slower than the run; no: as fast as the run)",
     )
     parser.add_argument("--out", type=Path, default=None, help="also write plan.md and plan.json into this folder")
     return parser.parse_args(argv)
@@ -481,14 +491,33 @@ def check_target(args: argparse.Namespace) -> None:
         raise ProjectError(f"plan --link-gbps={args.link_gbps} is not allowed: it must be a number > 0")
 
 
+def core_slowdown(run: Measured, args: argparse.Namespace) -> float:
+    """How much slower each device runs the multi-threaded work than the run did (see :class:`Target`).
+
+    With ``auto``, for a CPU run on one node: N processes of ``max(1, cores // N)`` threads each (what
+    Lightning gives them) on the machine's cores, against the run's threads; N where those are unknown; 1
+    elsewhere (devices of their own).
+
+    >>> run = Measured("cpu", 1, 32, 0, 0, 0, 0, 0, 1, 0, 0, 0, None, threads=2, cores=2)
+    >>> args = argparse.Namespace(shared_cores="auto", devices=2, nodes=1)
+    >>> core_slowdown(run, args), core_slowdown(Measured(**{**run.__dict__, "threads": 1}), args)
+    (2.0, 1.0)
+    """
+    if args.shared_cores != "auto":
+        return float(args.devices * args.nodes) if args.shared_cores == "yes" else 1.0
+    if run.accelerator != "cpu" or args.nodes != 1:
+        return 1.0
+    if not run.threads or not run.cores:
+        return float(args.devices)
+    per_process = max(1, run.cores // args.devices)
+    return max(1.0, run.threads / per_process * max(1.0, args.devices * per_process / run.cores))
+
+
 def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, Any]]:
     """The table (text) and the JSON record of ``python -m project plan``."""
     check_target(args)
     run = read_run(args.run_dir)
-    shared = args.shared_cores == "yes" or (
-        args.shared_cores == "auto" and run.accelerator == "cpu" and args.nodes == 1
-    )
-    target = Target(args.devices, args.nodes, args.batch, args.micro_batches, shared)
+    target = Target(args.devices, args.nodes, args.batch, args.micro_batches, core_slowdown(run, args))
     if args.link_gbps is not None:
         link = Link(args.link_latency_us * 1e-6, args.link_gbps * 1e9 / 8, f"given: {args.link_gbps:g} Gbit/s")
     else:
@@ -501,7 +530,7 @@ def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, An
         f"Plan from {run.name}: {run.accelerator}, global batch {run.batch_size}, measured step {run.step:.3f} s",
         f"  ({run.samples_per_second:.1f} samples/s); target {target.devices} device(s) x {target.nodes} node(s),",
         f"  batch {target.batch}, link {link.bandwidth * 8 / 1e9:.2f} Gbit/s + {link.latency * 1e6:.0f} us per message "
-        f"({link.source}), cores {'shared by the processes' if shared else 'one device each'}.",
+        f"({link.source}); each device computes {target.slowdown:g}x slower than the run (shared cores).",
         "",
         text_table(HEADER, table_rows(predictions, run)),
         "",

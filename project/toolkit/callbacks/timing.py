@@ -296,7 +296,10 @@ class TimingCallback(Callback):
         local = torch.tensor(self._anatomy.vector(), dtype=torch.float64, device=trainer.strategy.root_device)
         rows = trainer.strategy.all_gather(local).reshape(trainer.world_size, -1).tolist()
         clock = "cuda_events" if isinstance(self._clock, CudaEventClock) else "host"
-        return anatomy.report(rows, self._anatomy, clock)
+        result = anatomy.report(rows, self._anatomy, clock)
+        if result is not None:  # how many cores a CPU step could use (python -m project plan reads it)
+            result["threads"] = torch.get_num_threads()
+        return result
 
     def _work(self, trainer: Trainer, kind: str, samples_per_second: float | None) -> dict[str, Any]:
         """TFLOP/s achieved by all devices at ``samples_per_second``, the peak used and the MFU."""
