@@ -1,7 +1,8 @@
 """How good is ``python -m project plan``? Its predictions beside measurements.
 
-``python -m benchmarks.plan_check cpu BENCH_OUT --out benchmarks/results/plan``: the plan made from each
-single-device cell of a finished ``python -m project bench`` run (the CPU smoke preset's cells), for 2 devices
+``python -m benchmarks.plan_check cpu BENCH_OUT [--singles BENCH_OUT2] --out benchmarks/results/plan``: the plan
+made from each single-device cell of a finished ``python -m project bench`` run (of ``BENCH_OUT2``, by default
+``BENCH_OUT``; the CPU smoke preset's cells), for 2 devices
 with the link measured here, beside the 2-process ddp, fsdp and pipeline cells of the same arch: step time
 (the slowest rank's step anatomy window), training samples/s (steady epochs) and peak memory per rank, each
 with its error.
@@ -38,7 +39,7 @@ def _slowest_step(timing: dict[str, Any]) -> float | None:
     return max(steps) if steps else None
 
 
-def check_cpu(bench_out: Path, out: Path, command: str) -> str:
+def check_cpu(bench_out: Path, singles: Path, out: Path, command: str) -> str:
     """Predicted vs measured for the 2-process cells of a bench run, from its single-device cells."""
     from project.toolkit.measure.link import measure_link
 
@@ -46,7 +47,7 @@ def check_cpu(bench_out: Path, out: Path, command: str) -> str:
     link = Link(measured_link["latency_s"], measured_link["bandwidth_bytes_per_s"], "measured here")
     runs = bench_out / "runs"
     rows, record = [], {"command": command, "link": measured_link, "cells": []}
-    for single in sorted(runs.glob("single-*")):
+    for single in sorted((singles / "runs").glob("single-*")):
         arch = single.name.split("-")[1]
         run = read_run(single / "lightning_logs" / "version_0")
         predictions = {
@@ -98,8 +99,9 @@ def check_cpu(bench_out: Path, out: Path, command: str) -> str:
             "# The plan against measurement: 2 CPU processes",
             "",
             f"Produced by `{command}`. Each 2-process cell of the bench run in `{bench_out}` is predicted by",
-            "`python -m project plan` from the single-device cell of the same arch (`--devices 2`, processes",
-            "sharing the cores, the link measured here by a gloo all-reduce benchmark:",
+            f"`python -m project plan` from the single-device cell of the same arch in `{singles}`",
+            "(`--devices 2`, each device's slow-down from the run's threads and the cores; the link measured",
+            "here by a gloo all-reduce benchmark:",
             f"{link.bandwidth * 8 / 1e9:.2f} Gbit/s, {link.latency * 1e6:.0f} us per message). Step: the slowest",
             "rank's step over the anatomy's window; samples/s: the steady epochs'; memory: peak resident set.",
             "",
@@ -200,11 +202,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.plan_check", description=__doc__)
     parser.add_argument("what", choices=("cpu", "published"))
     parser.add_argument("bench_out", nargs="?", type=Path, help="cpu: the folder of a finished bench run")
+    parser.add_argument("--singles", type=Path, default=None, help="cpu: the bench run of the single cells")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     command = shlex.join(["python", "-m", "benchmarks.plan_check", *argv])
     if args.what == "cpu":
-        print(check_cpu(args.bench_out, args.out, command))
+        print(check_cpu(args.bench_out, args.singles or args.bench_out, args.out, command))
     else:
         print(check_published(args.out, command))
 
