@@ -39,7 +39,7 @@ def _slowest_step(timing: dict[str, Any]) -> float | None:
     return max(steps) if steps else None
 
 
-def check_cpu(bench_out: Path, singles: Path, out: Path, command: str) -> str:
+def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_cores: str = "auto") -> str:
     """Predicted vs measured for the 2-process cells of a bench run, from its single-device cells."""
     from project.toolkit.measure.link import measure_link
 
@@ -54,7 +54,9 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str) -> str:
             p.strategy: p
             for p in plan(
                 run,
-                Target(2, slowdown=core_slowdown(run, argparse.Namespace(shared_cores="auto", devices=2, nodes=1))),
+                Target(
+                    2, slowdown=core_slowdown(run, argparse.Namespace(shared_cores=shared_cores, devices=2, nodes=1))
+                ),
                 link,
             )
         }
@@ -100,8 +102,7 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str) -> str:
             "",
             f"Produced by `{command}`. Each 2-process cell of the bench run in `{bench_out}` is predicted by",
             f"`python -m project plan` from the single-device cell of the same arch in `{singles}`",
-            "(`--devices 2`, each device's slow-down from the run's threads and the cores; the link measured",
-            "here by a gloo all-reduce benchmark:",
+            f"(`--devices 2 --shared-cores {shared_cores}`; the link measured here by a gloo all-reduce benchmark:",
             f"{link.bandwidth * 8 / 1e9:.2f} Gbit/s, {link.latency * 1e6:.0f} us per message). Step: the slowest",
             "rank's step over the anatomy's window; samples/s: the steady epochs'; memory: peak resident set.",
             "",
@@ -203,11 +204,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("what", choices=("cpu", "published"))
     parser.add_argument("bench_out", nargs="?", type=Path, help="cpu: the folder of a finished bench run")
     parser.add_argument("--singles", type=Path, default=None, help="cpu: the bench run of the single cells")
+    parser.add_argument("--shared-cores", choices=("auto", "yes", "no"), default="auto", help="cpu: as plan's")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     command = shlex.join(["python", "-m", "benchmarks.plan_check", *argv])
     if args.what == "cpu":
-        print(check_cpu(args.bench_out, args.singles or args.bench_out, args.out, command))
+        print(check_cpu(args.bench_out, args.singles or args.bench_out, args.out, command, args.shared_cores))
     else:
         print(check_published(args.out, command))
 

@@ -53,20 +53,20 @@ def _worker(rank: int, world: int, port: int, results: Any) -> None:
 
 
 def fit_ring(times: dict[int, float], world: int) -> tuple[float, float]:
-    """``(latency seconds, bandwidth bytes/s)`` from all-reduce seconds by message bytes, by least squares on
-    ``t = 2(N-1) latency + 2(N-1)/N bytes / bandwidth``.
+    """``(latency seconds, bandwidth bytes/s)`` from all-reduce seconds by message bytes, for the ring's cost
+    ``t = 2(N-1) latency + 2(N-1)/N bytes / bandwidth``: the bandwidth from the two largest messages (their
+    difference cancels the latency), the latency from the smallest one (what is left of its time).
 
-    >>> latency, bandwidth = fit_ring({1000: 2e-4 + 1000 / 1e9, 10**6: 2e-4 + 10**6 / 1e9}, 2)
+    >>> latency, bandwidth = fit_ring({1000: 2e-4 + 1000 / 1e9, 10**6: 2e-4 + 10**6 / 1e9, 10**7: 2e-4 + 0.01}, 2)
     >>> round(latency * 1e6), round(bandwidth / 1e9, 3)
     (100, 1.0)
     """
-    sizes, seconds = list(times), list(times.values())
-    mean_x, mean_y = statistics.fmean(sizes), statistics.fmean(seconds)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(sizes, seconds, strict=True)) / sum(
-        (x - mean_x) ** 2 for x in sizes
-    )
-    intercept = max(mean_y - slope * mean_x, 0.0)
-    return intercept / (2 * (world - 1)), 2 * (world - 1) / world / slope
+    sizes = sorted(times)
+    small, middle, large = sizes[0], sizes[-2], sizes[-1]
+    per_byte = max((times[large] - times[middle]) / (large - middle), 1e-15)
+    bandwidth = 2 * (world - 1) / world / per_byte
+    latency = max(times[small] - small * per_byte, 0.0) / (2 * (world - 1))
+    return latency, bandwidth
 
 
 def measure_link(world: int = 2) -> dict[str, Any]:
