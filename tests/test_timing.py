@@ -392,6 +392,7 @@ class FakeAsyncDevice:
 
 def fit_on_fake_device(tmp_path: Path, batches: int, **options: object) -> tuple[FakeAsyncDevice, dict]:
     device = FakeAsyncDevice()
+    options.setdefault("anatomy_steps", 0)  # the step anatomy's window waits twice more (tests/test_anatomy.py)
     callback = TimingCallback(warmup_iterations=1, **options)
     callback.make_clock = lambda torch_device, sync_every_step: device
     trainer = sleepy_trainer(tmp_path, callback, epochs=2, logger=False)

@@ -23,6 +23,7 @@ TRAINER_COMMANDS = {
 TOOL_COMMANDS = {
     "bench": "run a matrix of strategies, archs, batch sizes, devices and precisions; compare time and memory",
     "compare": "compare finished runs (their timing.json) in the same results.{csv,md,png} as bench",
+    "plan": "predict each strategy's step time, throughput and memory on N devices from one run's timing.json",
 }
 USAGE = "python -m project"
 
@@ -57,7 +58,7 @@ def unknown_command(name: str) -> str:
     """The one line for a command that is not one, with the nearest command if there is one.
 
     >>> unknown_command("fitt")
-    "'fitt' is not a command; did you mean 'fit'? Commands: fit, validate, test, predict, bench, compare"
+    "'fitt' is not a command; did you mean 'fit'? Commands: fit, validate, test, predict, bench, compare, plan"
     """
     commands = [*TRAINER_COMMANDS, *TOOL_COMMANDS]
     near = difflib.get_close_matches(name, commands, n=1)

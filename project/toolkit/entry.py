@@ -2,7 +2,7 @@
 
 ``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (:mod:`project.toolkit.cli`), which needs torch
 and Lightning: about 6 s of imports before the first line of output. ``bench`` only starts runs and
-reads their results, ``compare`` only reads them, and the top-level help only lists the commands,
+reads their results, ``compare`` and ``plan`` only read them, and the top-level help only lists the commands,
 so these answer without importing either (a twentieth of a second), as does a mistyped command.
 """
 
@@ -30,6 +30,11 @@ def main(args: list[str] | None = None, model: str = "", data: str = "") -> Any:
         from project.toolkit.bench.compare import main as compare_main
 
         compare_main(argv[1:])
+        return
+    if argv[0] == "plan":
+        from project.toolkit.bench.plan import main as plan_main
+
+        plan_main(argv[1:])
         return
     if not argv[0].startswith("-") and argv[0] not in TRAINER_COMMANDS:
         print(f"error: {unknown_command(argv[0])}", file=sys.stderr)

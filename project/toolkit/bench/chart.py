@@ -1,7 +1,8 @@
 """``results.png``: per arch, the steady epoch time of every cell (with the TFLOP/s and MFU it
 achieved under its label, its value and its speed-up over the single-device cell above the bar), its
-training and test throughput with the test batch latency, and its peak memory per rank, every bar
-labelled with its value. matplotlib is imported only here, when the chart is drawn."""
+training and test throughput with the test batch latency, its peak memory per rank, every bar
+labelled with its value, and its step anatomy (a stacked bar per rank: data wait, compute,
+communication, optimizer, pipeline bubble, rest). matplotlib is imported only here, when the chart is drawn."""
 
 from __future__ import annotations
 
@@ -119,6 +120,41 @@ def _memory_panel(axis: Any, cells: list[dict[str, Any]], arch: str) -> None:
     axis.legend(fontsize=8, loc="upper left")
 
 
+# The parts of a step, bottom to top, and their colours in the anatomy panel.
+ANATOMY_PARTS = (
+    ("data_wait", "data wait", "tab:gray"),
+    ("compute", "compute", "tab:blue"),
+    ("communication", "communication", "tab:red"),
+    ("optimizer", "optimizer", "tab:green"),
+    ("bubble", "pipeline bubble", "tab:orange"),
+    ("rest", "rest", "tab:purple"),
+)
+
+
+def _anatomy_panel(axis: Any, cells: list[dict[str, Any]], arch: str) -> None:
+    """Each cell's step anatomy: one stacked bar per rank (seconds per step), the step time above it."""
+    positions = list(range(len(cells)))
+    ranks = max([len((r.get("step_anatomy") or {}).get("ranks") or []) for r in cells] + [1])
+    width = 0.8 / ranks
+    for rank in range(ranks):
+        x = [p - 0.4 + width * (rank + 0.5) for p in positions]
+        entries = [((r.get("step_anatomy") or {}).get("ranks") or [])[rank:][:1] for r in cells]
+        parts = [e[0] if e else {} for e in entries]
+        bottom = [0.0] * len(cells)
+        for key, name, colour in ANATOMY_PARTS:
+            heights = [_number(p.get(key)) or 0.0 for p in parts]
+            axis.bar(x, heights, width=width * 0.9, bottom=bottom, color=colour, label=name if rank == 0 else None)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        for xi, top, part in zip(x, bottom, parts, strict=True):
+            if part:
+                axis.annotate(f"r{rank}\n{top:.3g} s", (xi, top), ha="center", va="bottom", fontsize=7)
+    axis.set_title(f"{arch}: where a training step's time goes, per rank (step anatomy)")
+    axis.set_xticks(positions, [label(r, work=False) for r in cells], fontsize=8)
+    axis.set_ylabel("s / step")
+    axis.margins(y=0.3)
+    axis.legend(fontsize=7, loc="upper left", ncol=3)
+
+
 def write_chart(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     """Draw :func:`chart_figure` into ``path`` (a PNG)."""
     fig = chart_figure(rows, title)
@@ -129,8 +165,8 @@ def write_chart(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def chart_figure(rows: list[dict[str, Any]], title: str) -> Any:
-    """Per arch (a column): seconds per epoch with speed-ups, throughput and latency, peak memory
-    per rank; every bar labelled with its value. A matplotlib Figure."""
+    """Per arch (a column): seconds per epoch with speed-ups, throughput and latency, peak memory and
+    step anatomy per rank; every bar labelled with its value. A matplotlib Figure."""
     try:
         import matplotlib
     except ImportError:
@@ -142,12 +178,13 @@ def chart_figure(rows: list[dict[str, Any]], title: str) -> Any:
     ok = [r for r in rows if r["status"] == "ok"]
     archs = list(dict.fromkeys(r["arch"] for r in ok)) or ["(no finished cell)"]
     widest = max([sum(r["arch"] == a for r in ok) for a in archs] + [1])
-    fig, axes = plt.subplots(3, len(archs), figsize=(max(5.0, 1.5 * widest + 2) * len(archs), 12), squeeze=False)
+    fig, axes = plt.subplots(4, len(archs), figsize=(max(5.0, 1.5 * widest + 2) * len(archs), 16), squeeze=False)
     for column, arch in enumerate(archs):
         cells = [r for r in ok if r["arch"] == arch]
         _epoch_panel(axes[0][column], cells, [speedup_of[id(r)] for r in cells], arch)
         _throughput_panel(axes[1][column], cells, arch)
         _memory_panel(axes[2][column], cells, arch)
+        _anatomy_panel(axes[3][column], cells, arch)
     fig.suptitle(title)
     fig.tight_layout()
     return fig

@@ -112,6 +112,29 @@ def _bubble(row: dict[str, Any]) -> str:
     return " / ".join(_num(v, 0, 100) for v in values) if isinstance(values, list) and values else MISSING
 
 
+def anatomy_rows(row: dict[str, Any]) -> list[list[str]]:
+    """The ``step_anatomy`` of a cell, a row per rank (none for a cell without one)."""
+    anatomy = row.get("step_anatomy")
+    rows = []
+    for rank, parts in enumerate(anatomy.get("ranks", []) if isinstance(anatomy, dict) else []):
+        compute = _num(parts.get("compute"), 3)
+        if _is_number(parts.get("forward")) and _is_number(parts.get("backward")):
+            compute += f" ({_num(parts['forward'], 3)} + {_num(parts['backward'], 3)})"
+        step, total = parts.get("step_seconds"), parts.get("parts_sum_seconds")
+        rows.append(
+            [
+                f"`{row['cell']}`",
+                str(rank),
+                _num(step, 3),
+                _num(parts.get("data_wait"), 3),
+                compute,
+                *(_num(parts.get(k), 3) for k in ("communication", "optimizer", "bubble", "rest")),
+                _num(total / step if _is_number(total) and _is_number(step) and step else None, 2, 100) + " %",
+            ]
+        )
+    return rows
+
+
 def _text(value: Any) -> str:
     """A value for a markdown cell: "–" for a missing one, no column breaks."""
     if value is None or value == "":
@@ -210,6 +233,7 @@ def write_markdown(
             ]
         )
     memory = [[f"`{r['cell']}`", _memory(r, "peak_memory"), _memory(r, "test_peak_memory")] for r, _ in ok]
+    anatomy = [row for r, _ in ok for row in anatomy_rows(r)]
     failed = [
         [f"`{r['cell']}`", r["status"], (r["error"] or "").replace("|", "\\|")] for r in rows if r["status"] != "ok"
     ]
@@ -243,6 +267,17 @@ def write_markdown(
         "",
         markdown_table(
             ["cell", "ms/batch", "p50 ms", "p90 ms", "p99 ms", "ms/sample", "samples/s", "TFLOP/s", "MFU %"], inference
+        ),
+        "",
+        "## Step anatomy (seconds per step, per rank)",
+        "",
+        "Each rank's training step over a window of steady steps, split into its parts (`docs/timing.md`);",
+        "compute is forward + backward (each in brackets where known); sum: the parts' sum over the step time",
+        "measured on its own (the window's wall time).",
+        "",
+        markdown_table(
+            ["cell", "rank", "step s", "data", "compute (fwd + bwd)", "comm", "optim", "bubble", "rest", "sum"],
+            anatomy,
         ),
         "",
         "## Peak memory per rank (MiB)",

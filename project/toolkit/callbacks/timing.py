@@ -59,9 +59,10 @@ from torch import nn
 from project.toolkit.compat import lightning_log_step
 from project.toolkit.data.datamodule import data_settings
 from project.toolkit.errors import ProjectError
-from project.toolkit.measure import flops
-from project.toolkit.measure.devices import DeviceClock, HostClock, device_clock, peak_memory_mb
+from project.toolkit.measure import anatomy, flops, probes
+from project.toolkit.measure.devices import CudaEventClock, DeviceClock, HostClock, device_clock, peak_memory_mb
 from project.toolkit.measure.environment import run_environment
+from project.toolkit.measure.network import network_profile
 from project.toolkit.measure.recorders import InferenceRecorder, TrainRecorder
 from project.toolkit.measure.stats import clean
 from project.toolkit.measure.summary import (
@@ -90,18 +91,31 @@ class TimingCallback(Callback):
         peak_tflops: The dense peak TFLOP/s of ONE device at the run's precision, for MFU. By
             default it is looked up by device name and precision (H100, H200, A100, L4, ...); on
             a CPU or an unknown device MFU is null unless this is given.
+        anatomy_steps: Steady training steps (after the warm-up, not an epoch's first) over which each rank's
+            step is split into data wait, compute, communication, optimizer, pipeline bubble and the rest
+            (``step_anatomy`` in ``timing.json``, :mod:`project.toolkit.measure.anatomy`); 0 switches it off.
+            Only inside these steps is anything more marked, and the device waited for at their two ends.
 
     Attributes:
         make_clock: Builds the clock for a device, ``(device, sync_every_step) -> DeviceClock``;
             tests replace it with a fake asynchronous device.
     """
 
-    def __init__(self, warmup_iterations: int = 3, sync_every_step: bool = False, peak_tflops: float | None = None):
+    def __init__(
+        self,
+        warmup_iterations: int = 3,
+        sync_every_step: bool = False,
+        peak_tflops: float | None = None,
+        anatomy_steps: int = 5,
+    ):
         if warmup_iterations < 0:
             raise ProjectError(f"timing.warmup_iterations={warmup_iterations} is not allowed: it must be >= 0")
         if peak_tflops is not None and not peak_tflops > 0:
             raise ProjectError(f"timing.peak_tflops={peak_tflops} is not allowed: it must be a number > 0 or null")
+        if anatomy_steps < 0:
+            raise ProjectError(f"timing.anatomy_steps={anatomy_steps} is not allowed: it must be >= 0 (0: off)")
         self.warmup_iterations = warmup_iterations
+        self.anatomy_steps = anatomy_steps
         self.sync_every_step = sync_every_step
         self.peak_tflops = peak_tflops
         self.make_clock: Callable[[torch.device, bool], DeviceClock] = device_clock
@@ -112,6 +126,9 @@ class TimingCallback(Callback):
         self._inference = InferenceRecorder(self._clock)
         self._epochs: list[dict[str, Any]] = []
         self._flops: dict[str, float] | None = None
+        self._network: dict[str, Any] | None = None
+        self._anatomy = anatomy.AnatomyWindow(self._clock, 0, 0)
+        self._ddp_probe: probes.DDPProbe | None = None
 
     # -- fit ---------------------------------------------------------------------------------
 
@@ -120,20 +137,41 @@ class TimingCallback(Callback):
         self._clock = self.make_clock(self._device, self.sync_every_step)
         if self._flops is None:  # before any strategy wraps or shards the network
             self._flops = _count_flops(trainer, pl_module)
+        if stage == "fit" and self._network is None:  # what python -m project plan needs of the network
+            self._network = _network_size(trainer, pl_module)
         if stage == "fit":  # the clock of fit_seconds starts here: the data is set up, the model not yet
             self._train = TrainRecorder(self._clock, self._clock.wait())
             self._epochs = []
+            self._anatomy = anatomy.AnatomyWindow(self._clock, self.anatomy_steps, self.warmup_iterations)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.anatomy_steps:  # the strategy has wrapped the model; no backward has run yet
+            self._ddp_probe = probes.attach(self._anatomy, trainer, pl_module)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._train.start_epoch(self._clock.wait())
+        self._anatomy.place(trainer.current_epoch, trainer.num_training_batches)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._train.start_batch()
+        self._anatomy.batch_start(batch_idx)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._train.end_batch(extract_batch_size(batch))
+        self._anatomy.batch_end(batch_idx)
+
+    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
+        self._anatomy.point("backward_start")
+
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        end = self._anatomy.point("backward_end")
+        if end is not None and self._ddp_probe is not None:
+            self._ddp_probe.backward_ended(end)
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        self._anatomy.point("optimizer_start")
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
@@ -144,6 +182,7 @@ class TimingCallback(Callback):
             self._train.end_validation(self._clock.wait())
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._anatomy.epoch_ended()
         records = self._gather(trainer, self._train.end_epoch(self._clock.wait()))
         bubble = _gather_bubble(trainer, "epoch")
         if not trainer.is_global_zero:
@@ -167,6 +206,7 @@ class TimingCallback(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         records = self._gather(trainer, self._train.fit_record(self._clock.wait(), self.warmup_iterations))
         bubble = _gather_bubble(trainer, "fit")
+        step_anatomy = self._gather_anatomy(trainer)
         log_dir = trainer.log_dir  # every rank must ask: Lightning broadcasts it from rank 0
         if not trainer.is_global_zero:
             return
@@ -178,7 +218,13 @@ class TimingCallback(Callback):
         report.update(peak_memory_mb=memory, peak_memory_devices=labels)
         if bubble is not None:  # a pipeline: each stage's share of its step time spent waiting, per rank
             report["bubble_fraction"] = [clean(v, 4) for v in bubble]
+        if step_anatomy is not None:  # where each rank's step time went, over a window of steady steps
+            report["step_anatomy"] = step_anatomy
+        if self._network is not None:
+            report["network"] = {**self._network, "optimizer_state_bytes": _optimizer_state_bytes(trainer)}
         scalars = {f"time/summary/{k}": v for k, v in report.items() if isinstance(v, float)}
+        for rank, parts in enumerate(step_anatomy["ranks"] if step_anatomy else []):
+            scalars.update({f"time/step_anatomy/{k}/rank{rank}": v for k, v in parts.items() if k in anatomy.FIELDS})
         scalars.update({f"time/summary/bubble_fraction/rank{r}": v for r, v in enumerate(bubble or [])})
         scalars.update({f"memory/summary/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
         self._publish(trainer, log_dir, report, scalars, step=_epoch_end_step(trainer), title="fit")
@@ -244,6 +290,18 @@ class TimingCallback(Callback):
             record, peak_memory_mb(self._device), trainer.world_size, all_gather(strategy), strategy.root_device, width
         )
 
+    def _gather_anatomy(self, trainer: Trainer) -> dict[str, Any] | None:
+        """Every rank's step anatomy, as ``timing.json``'s ``step_anatomy``; a collective (every rank)."""
+        if not self.anatomy_steps:
+            return None
+        local = torch.tensor(self._anatomy.vector(), dtype=torch.float64, device=trainer.strategy.root_device)
+        rows = trainer.strategy.all_gather(local).reshape(trainer.world_size, -1).tolist()
+        clock = "cuda_events" if isinstance(self._clock, CudaEventClock) else "host"
+        result = anatomy.report(rows, self._anatomy, clock)
+        if result is not None:  # how many cores a CPU step could use (python -m project plan reads it)
+            result["threads"] = torch.get_num_threads()
+        return result
+
     def _work(self, trainer: Trainer, kind: str, samples_per_second: float | None) -> dict[str, Any]:
         """TFLOP/s achieved by all devices at ``samples_per_second``, the peak used and the MFU."""
         per_sample = (self._flops or {}).get(kind)
@@ -298,6 +356,32 @@ def _count_flops(trainer: Trainer, pl_module: LightningModule) -> dict[str, floa
             net, image_size, channels_last=channels_last, in_channels=in_channels
         )
     return _FLOPS_OF[key]
+
+
+def _network_size(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any] | None:
+    """Parameters, buffers and activations of ``pl_module.net`` (:mod:`project.toolkit.measure.network`) at
+    the data's image size, for ``python -m project plan``; rank 0 only, None where unknown."""
+    net = getattr(pl_module, "net", None)
+    image_size = data_settings(trainer).get("image_size")
+    if not trainer.is_global_zero or not isinstance(net, nn.Module) or not image_size:
+        return None
+    return network_profile(
+        net,
+        image_size,
+        channels_last=bool(pl_module.hparams.get("channels_last")),
+        in_channels=int(pl_module.hparams.get("in_channels", 3)),
+    )
+
+
+def _optimizer_state_bytes(trainer: Trainer) -> int:
+    """Bytes of this rank's optimizer state (momentum, Adam's moments, ...), at the fit's end."""
+    return sum(
+        value.numel() * value.element_size()
+        for optimizer in trainer.optimizers
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    )
 
 
 def _sample_copies(trainer: Trainer) -> int:

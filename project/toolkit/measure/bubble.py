@@ -4,6 +4,7 @@ callback through the strategy's ``bubble_fraction``)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -27,6 +28,12 @@ class BubbleMeter:
         self._compute: list[Any] = []
         self._steps = 0
         self.totals = {"epoch": [0.0, 0.0], "fit": [0.0, 0.0]}  # [step seconds, compute seconds]
+        # The step anatomy's window while it is open (project.toolkit.measure.anatomy.AnatomyWindow): it is
+        # told each schedule step and compute call, on its own clock.
+        self.observer: Any = None
+
+    def _observed(self, kind: str) -> Any:
+        return self.observer.interval(kind) if self.observer is not None else contextlib.nullcontext()
 
     def _mark(self) -> Any:
         if self._cuda:
@@ -40,9 +47,10 @@ class BubbleMeter:
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = self._mark()
-            result = function(*args, **kwargs)
-            self._compute.append((start, self._mark()))
+            with self._observed("stage_compute"):
+                start = self._mark()
+                result = function(*args, **kwargs)
+                self._compute.append((start, self._mark()))
             return result
 
         return wrapper
@@ -50,9 +58,10 @@ class BubbleMeter:
     def step(self, run: Callable[[], Any]) -> Any:
         """Run one training step of the schedule, timed."""
         self._compute = []
-        start = self._mark()
-        result = run()
-        interval = (start, self._mark())
+        with self._observed("schedule"):
+            start = self._mark()
+            result = run()
+            interval = (start, self._mark())
         self._steps += 1
         if self._steps > 1:
             self._pending.append((interval, self._compute))

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from project.toolkit.measure.anatomy import format_line as anatomy_line
 from project.toolkit.measure.stats import STATS, clean, nanmax
 from project.toolkit.measure.tables import mean_std, number
 
@@ -234,6 +235,8 @@ def format_table(report: dict[str, Any], stage: str) -> str:
                 f"rank{r} {number(v, 1, ' %', scale=100)}" for r, v in enumerate(report["bubble_fraction"])
             )
             rows.append(("pipeline bubble", bubble))
+        if report.get("step_anatomy"):  # where each rank's step time went (seconds per step, shares)
+            rows.append(("step anatomy", anatomy_line(report["step_anatomy"])))
         memory = zip(report["peak_memory_devices"], report["peak_memory_mb"], strict=True)
     else:
         latency = report[f"{stage}_batch_latency_ms"]

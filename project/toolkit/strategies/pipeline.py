@@ -135,6 +135,11 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
     def is_last(self) -> bool:
         return self.global_rank == self.world_size - 1
 
+    @property
+    def bubble_meter(self) -> BubbleMeter | None:
+        """The meter of this rank's schedule (the step anatomy observes it), once fit set it up."""
+        return self._meter
+
     def bubble_fraction(self, scope: str = "epoch") -> float | None:
         """This rank's measured bubble over the epoch (or ``fit``); see :class:`BubbleMeter`."""
         return self._meter.fraction(scope) if self._meter is not None else None

@@ -1,0 +1,572 @@
+"""``python -m project plan RUN_DIR --devices N [--nodes M] [--link-gbps B]``: what a measured run would do
+on devices you do not have.
+
+From one finished run's ``timing.json`` -- its step anatomy (:mod:`project.toolkit.measure.anatomy`: data
+wait, forward, backward, optimizer, rest per step), the network's parameter, buffer and activation bytes
+and its units (:mod:`project.toolkit.measure.network`), its peak memory -- and a link (given, or measured
+here by a short gloo all-reduce benchmark, :mod:`project.toolkit.measure.link`), it predicts for single,
+dp, ddp, fsdp and pipeline on ``N`` devices per node and ``M`` nodes: the step time and its parts, the
+throughput, the scaling efficiency and the peak memory per device. The formulas, and what they leave out,
+are in ``docs/plan.md``; each is a function here, tested on known inputs (``tests/test_plan.py``).
+
+Reading a ``timing.json`` and computing needs no torch; only measuring the link imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from project.toolkit.commands import OneLineParser
+from project.toolkit.errors import ProjectError, exit_on_project_error
+from project.toolkit.measure.tables import number, text_table
+
+PLAN_HELP = "Predict step time, throughput, scaling and memory per device of each strategy on N devices from one run."
+STRATEGIES = ("single", "dp", "ddp", "fsdp", "pipeline")
+MIB = 2**20
+DDP_FIRST_BUCKET = 1 * MIB  # torch's DistributedDataParallel: the first bucket (the last layers) is small
+DDP_BUCKET = 25 * MIB  # bucket_cap_mb's default
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass
+class Measured:
+    """What the plan takes from one run (seconds per step of rank 0, bytes of the whole network)."""
+
+    accelerator: str
+    world_size: int
+    batch_size: int
+    data_wait: float
+    forward: float
+    backward: float
+    optimizer: float
+    rest: float
+    parameter_bytes: float
+    buffer_bytes: float
+    activation_bytes_per_sample: float
+    optimizer_state_bytes: float
+    peak_memory_mb: float | None
+    image_bytes_per_sample: float = 0.0
+    units: list[list[Any]] = field(default_factory=list)  # [name, forward FLOPs, parameters, output bytes]
+    name: str = ""
+    threads: int | None = None  # the run's intra-op threads
+    cores: int | None = None  # the machine's cores (a CPU run)
+
+    @property
+    def step(self) -> float:
+        return self.data_wait + self.forward + self.backward + self.optimizer + self.rest
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.batch_size / self.step
+
+
+@dataclass
+class Link:
+    """The slowest link of the ring: seconds per message and bytes per second."""
+
+    latency: float
+    bandwidth: float
+    source: str
+
+
+@dataclass
+class Target:
+    """Where the plan puts the run: ``devices`` per node, ``nodes``; ``batch`` is ``global`` (the run's
+    global batch split across the devices: the template's convention) or ``per-device`` (each device
+    keeps the run's batch: NVIDIA's tables); ``slowdown``: how much slower each device runs the run's
+    multi-threaded work (compute, optimizer) than the run did -- 1 for devices of their own; on a CPU, the
+    processes' threads over the cores the run's threads had (N processes sharing the cores the run used: N)."""
+
+    devices: int
+    nodes: int = 1
+    batch: str = "global"
+    micro_batches: int = 4
+    slowdown: float = 1.0
+
+    @property
+    def shared_cores(self) -> bool:
+        return self.slowdown > 1
+
+    @property
+    def world(self) -> int:
+        return self.devices * self.nodes
+
+
+def read_run(path: Path) -> Measured:
+    """The :class:`Measured` of a run folder (or a ``timing.json``); a :class:`ProjectError` naming what is
+    missing otherwise."""
+    file = path / "timing.json" if path.is_dir() else path
+    try:
+        timing = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise ProjectError(
+            f"plan: {file} is not a readable timing.json ({err}); give the run folder of a fit"
+        ) from None
+    anatomy, network = timing.get("step_anatomy"), timing.get("network")
+    if not isinstance(anatomy, dict) or not anatomy.get("ranks") or not isinstance(network, dict):
+        raise ProjectError(
+            f"plan: {file} has no step_anatomy or network (a fit with --timing.anatomy_steps=0, or an older "
+            "template's); run the fit again with this template (anatomy_steps > 0, at least 2 batches per epoch)"
+        )
+    rank = anatomy["ranks"][0]
+    compute = rank.get("compute") or 0.0
+    forward = rank.get("forward")
+    backward = rank.get("backward")
+    if forward is None or backward is None:  # a pipeline's schedule: split as the FLOPs are (backward ~ 2x)
+        forward, backward = compute / 3, 2 * compute / 3
+    peaks = timing.get("peak_memory_mb") or [None]
+    return Measured(
+        accelerator=str(timing.get("accelerator")),
+        world_size=int(timing.get("world_size") or 1),
+        batch_size=int(timing["batch_size"]),
+        data_wait=rank.get("data_wait") or 0.0,
+        forward=forward,
+        backward=backward,
+        optimizer=rank.get("optimizer") or 0.0,
+        rest=(rank.get("rest") or 0.0) + (rank.get("communication") or 0.0) + (rank.get("bubble") or 0.0),
+        parameter_bytes=network["parameter_bytes"],
+        buffer_bytes=network.get("buffer_bytes", 0),
+        activation_bytes_per_sample=network.get("activation_bytes_per_sample", 0),
+        optimizer_state_bytes=network.get("optimizer_state_bytes", 0),
+        peak_memory_mb=peaks[0],
+        image_bytes_per_sample=3 * int(timing.get("image_size") or 0) ** 2 * 4,  # float32 RGB, as the loader gives
+        units=network.get("units", []),
+        name=str(file),
+        threads=anatomy.get("threads"),
+        cores=(timing.get("environment") or {}).get("cpu_cores"),
+    )
+
+
+# --------------------------------------------------------------------------- formulas
+
+
+def ring_all_reduce_seconds(nbytes: float, world: int, link: Link) -> float:
+    """Ring all-reduce: ``2(N-1)`` steps, each a latency and ``bytes / N`` over the link.
+
+    >>> ring_all_reduce_seconds(100e6, 4, Link(0.0, 1e9, "given"))
+    0.15
+    """
+    if world < 2:
+        return 0.0
+    return 2 * (world - 1) * link.latency + 2 * (world - 1) / world * nbytes / link.bandwidth
+
+
+def all_gather_seconds(nbytes: float, world: int, link: Link) -> float:
+    """Ring all-gather (or reduce-scatter) of ``nbytes`` in all: ``N-1`` steps of ``bytes / N``.
+
+    >>> all_gather_seconds(100e6, 4, Link(0.0, 1e9, "given"))
+    0.075
+    """
+    if world < 2:
+        return 0.0
+    return (world - 1) * link.latency + (world - 1) / world * nbytes / link.bandwidth
+
+
+def broadcast_seconds(nbytes: float, world: int, link: Link) -> float:
+    """A pipelined broadcast: the bytes once over the link, a latency per tree level.
+
+    >>> broadcast_seconds(1e6, 8, Link(1e-5, 1e9, "given"))
+    0.00103
+    """
+    if world < 2:
+        return 0.0
+    return math.ceil(math.log2(world)) * link.latency + nbytes / link.bandwidth
+
+
+def gpipe_bubble(stages: int, micro_batches: int) -> float:
+    """GPipe's idle share of a step with balanced stages: ``(p-1)/(m+p-1)``.
+
+    >>> gpipe_bubble(2, 4), gpipe_bubble(4, 16)
+    (0.2, 0.15789473684210525)
+    """
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def ddp_buckets(parameter_bytes: float, first: float = DDP_FIRST_BUCKET, cap: float = DDP_BUCKET) -> list[float]:
+    """DDP's gradient buckets in the order the backward fills them: a small first one, then ``cap`` each.
+
+    >>> [b / MIB for b in ddp_buckets(60 * MIB)]
+    [1.0, 25.0, 25.0, 9.0]
+    """
+    buckets, left = [], parameter_bytes
+    for size in [first, *[cap] * math.ceil(parameter_bytes / cap)]:
+        if left <= 0:
+            break
+        buckets.append(min(size, left))
+        left -= size
+    return buckets
+
+
+def ddp_exposed_seconds(buckets: list[float], backward: float, world: int, link: Link) -> float:
+    """The all-reduce time left after the backward: each bucket is ready once the backward has produced its
+    share of the gradients (gradients come at an even rate per byte), the all-reduces run one after another,
+    and what runs past the backward's end is exposed.
+
+    >>> link = Link(0.0, 1e9, "given")
+    >>> round(ddp_exposed_seconds([50e6, 50e6], backward=0.1, world=2, link=link), 6)  # 0.05 s each, from 0.05 s
+    0.05
+    >>> round(ddp_exposed_seconds([50e6, 50e6], backward=1.0, world=2, link=link), 6)  # the last one shows
+    0.05
+    """
+    total, ready, finish = sum(buckets), 0.0, 0.0
+    for size in buckets:
+        ready += size
+        start = max(backward * ready / total, finish)
+        finish = start + ring_all_reduce_seconds(size, world, link)
+    return max(0.0, finish - backward)
+
+
+def balanced_stages(costs: list[float], stages: int) -> list[list[int]]:
+    """Consecutive units in ``stages`` groups whose largest total cost is the smallest possible (the pipeline
+    strategy's default split, by FLOPs).
+
+    >>> balanced_stages([1, 1, 1, 1], 2), balanced_stages([3, 1, 1, 1], 2)
+    ([[0, 1], [2, 3]], [[0], [1, 2, 3]])
+    """
+    n = len(costs)
+    prefix = [0.0]
+    for cost in costs:
+        prefix.append(prefix[-1] + cost)
+    best = [[math.inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, stages + 1):
+        for i in range(s, n + 1):
+            for j in range(s - 1, i):
+                value = max(best[s - 1][j], prefix[i] - prefix[j])
+                if value < best[s][i]:
+                    best[s][i], cut[s][i] = value, j
+    bounds, i = [n], n
+    for s in range(stages, 0, -1):
+        i = cut[s][i]
+        bounds.append(i)
+    bounds = bounds[::-1]
+    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+# --------------------------------------------------------------------------- the predictions
+
+
+@dataclass
+class Prediction:
+    strategy: str
+    world: int
+    parts: dict[str, float]  # seconds per step of the slowest rank
+    samples_per_step: int
+    memory_mb: list[float | None]  # per device
+    note: str = ""
+
+    @property
+    def step(self) -> float:
+        return sum(self.parts.values())
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples_per_step / self.step
+
+
+def _share(run: Measured, target: Target) -> tuple[float, float]:
+    """(fraction of the run's samples one data-parallel device computes, slow-down of multi-threaded work)."""
+    per_device = 1.0 / target.world if target.batch == "global" else 1.0
+    return per_device, target.slowdown
+
+
+def _states_mb(run: Measured) -> float:
+    """Parameters, gradients and optimizer state, in MiB."""
+    return (2 * run.parameter_bytes + run.optimizer_state_bytes) / MIB
+
+
+def _baseline_mb(run: Measured) -> float | None:
+    """What the run's peak holds besides states and activations (the runtime, the data, workspaces)."""
+    if run.peak_memory_mb is None:
+        return None
+    return run.peak_memory_mb - _states_mb(run) - run.activation_bytes_per_sample * run.batch_size / MIB
+
+
+def _plus(base: float | None, mb: float) -> float | None:
+    return None if base is None else base + mb
+
+
+def predict_single(run: Measured, target: Target) -> Prediction:
+    parts = {"data_wait": run.data_wait, "compute": run.forward + run.backward, "communication": 0.0}
+    parts |= {"optimizer": run.optimizer, "bubble": 0.0, "rest": run.rest}
+    return Prediction("single", 1, parts, run.batch_size, [run.peak_memory_mb])
+
+
+def predict_ddp(run: Measured, target: Target, link: Link) -> Prediction:
+    """One process per device: its share of the batch, the gradients all-reduced in buckets during the
+    backward, BatchNorm's buffers broadcast at each forward, the whole optimizer step on every device."""
+    q, slow = _share(run, target)
+    world = target.world
+    backward = run.backward * q * slow
+    exposed = ddp_exposed_seconds(ddp_buckets(run.parameter_bytes), backward, world, link)
+    exposed += broadcast_seconds(run.buffer_bytes, world, link) if run.buffer_bytes else 0.0
+    parts = {"data_wait": run.data_wait * q, "compute": run.forward * q * slow + backward, "communication": exposed}
+    parts |= {"optimizer": run.optimizer * slow, "bubble": 0.0, "rest": run.rest}
+    activations = run.activation_bytes_per_sample * run.batch_size * q / MIB
+    memory = _plus(_baseline_mb(run), _states_mb(run) + run.parameter_bytes / MIB + activations)  # + buckets
+    return Prediction("ddp", world, parts, round(run.batch_size * q * world), [memory] * world)
+
+
+def predict_fsdp(run: Measured, target: Target, link: Link, overlap: bool) -> Prediction:
+    """FSDP (ZeRO-3): every unit's parameters all-gathered before its forward and again before its backward,
+    its gradients reduce-scattered after; states sharded. On a CPU (gloo) FSDP2 runs these collectives
+    synchronously (none hidden); on GPUs each overlaps the compute of the unit before it."""
+    q, slow = _share(run, target)
+    world = target.world
+    groups = max(1, sum(1 for unit in run.units if unit[2] > 0))
+    gather = all_gather_seconds(run.parameter_bytes, world, link) + (groups - 1) * (world - 1) * link.latency
+    forward, backward = run.forward * q * slow, run.backward * q * slow
+    if overlap:
+        exposed = max(gather - forward, gather / groups) + max(2 * gather - backward, 2 * gather / groups)
+    else:
+        exposed = 3 * gather
+    parts = {"data_wait": run.data_wait * q, "compute": forward + backward, "communication": exposed}
+    parts |= {"optimizer": run.optimizer * slow / world, "bubble": 0.0, "rest": run.rest}
+    largest_unit = max([unit[2] for unit in run.units] or [0]) * run.parameter_bytes / max(1, _parameters(run))
+    activations = run.activation_bytes_per_sample * run.batch_size * q / MIB
+    memory = _plus(_baseline_mb(run), _states_mb(run) / world + 2 * largest_unit / MIB + activations)
+    return Prediction("fsdp", world, parts, round(run.batch_size * q * world), [memory] * world)
+
+
+def _parameters(run: Measured) -> int:
+    return sum(unit[2] for unit in run.units)
+
+
+def predict_pipeline(run: Measured, target: Target, link: Link) -> Prediction:
+    """GPipe over ``p`` = the devices, stages balanced by the units' FLOPs: ``m + p - 1`` slots of the slowest
+    stage's micro-batch (its forward and backward, and the activation or its gradient sent on), so an idle
+    share ``(p-1)/(m+p-1)`` with balanced stages; every stage reads the whole batch; each stage's optimizer
+    updates its own parameters. With shared cores a stage computes alone in the bubble, on every core: the
+    step is then at least the whole network's compute."""
+    stages, m = target.world, target.micro_batches
+    _, slow = _share(run, target)
+    samples, scale = run.batch_size, 1.0  # one pipeline, no replicas: the whole batch goes through every stage
+    costs = [float(unit[1]) for unit in run.units] or [1.0]
+    groups = balanced_stages(costs, stages) if len(costs) >= stages else [list(range(len(costs)))]
+    flop_share = [sum(costs[i] for i in g) / sum(costs) for g in groups]
+    compute = (run.forward + run.backward) * scale
+    boundary = max([run.units[g[-1]][3] for g in groups[:-1]] or [0.0])  # bytes per sample sent on
+    message = link.latency + boundary * samples / m / link.bandwidth if stages > 1 else 0.0
+    slot = compute * max(flop_share) / m * slow + 2 * message
+    schedule = (m + stages - 1) * slot
+    if target.shared_cores:
+        schedule = max(schedule, compute + 2 * (m + stages - 1) * message)
+    busy = compute * max(flop_share) * slow if not target.shared_cores else compute * max(flop_share)
+    bubble = max(0.0, schedule - busy - 2 * m * message)
+    param_share = [sum(run.units[i][2] for i in g) / max(1, _parameters(run)) for g in groups]
+    parts = {"data_wait": run.data_wait * scale, "compute": busy, "communication": 2 * m * message}
+    parts |= {"optimizer": run.optimizer * max(param_share) * slow, "bubble": bubble, "rest": run.rest}
+    output = [sum(run.units[i][3] for i in g) for g in groups]
+    base = _baseline_mb(run)
+    memory = [
+        _plus(base, _states_mb(run) * p + run.activation_bytes_per_sample * samples * o / max(1, sum(output)) / MIB)
+        for p, o in zip(param_share, output, strict=True)
+    ]
+    return Prediction("pipeline", stages, parts, samples, memory, note=f"GPipe, {m} micro-batches")
+
+
+def predict_dp(run: Measured, target: Target, link: Link) -> Prediction:
+    """DataParallel (one process, the devices of one node): the batch scattered from the root device, the
+    network replicated onto every device each step, the outputs gathered on the root, the gradients
+    reduced onto it, one optimizer step there; on a CPU it is one device (DataParallel runs the network as is)."""
+    devices = target.devices if run.accelerator not in ("cpu",) else 1
+    if devices < 2:
+        single = predict_single(run, target)
+        return Prediction("dp", 1, single.parts, single.samples_per_step, single.memory_mb, "one device (CPU)")
+    q, _ = _share(run, Target(devices, 1, target.batch))
+    samples = round(run.batch_size * q * devices)
+    copies = (devices - 1) / devices * samples * run.image_bytes_per_sample / link.bandwidth  # scatter the images
+    copies += (devices - 1) * run.parameter_bytes / link.bandwidth  # replicate: the parameters to every device
+    copies += (devices - 1) * run.parameter_bytes / link.bandwidth  # gradients reduced onto the root
+    parts = {"data_wait": run.data_wait * samples / run.batch_size, "compute": (run.forward + run.backward) * q}
+    parts |= {"communication": copies, "optimizer": run.optimizer, "bubble": 0.0, "rest": run.rest}
+    base = _baseline_mb(run)
+    activations = run.activation_bytes_per_sample * run.batch_size * q / MIB
+    root = _plus(base, _states_mb(run) + activations)
+    other = _plus(base, 2 * run.parameter_bytes / MIB + activations)
+    return Prediction("dp", devices, parts, samples, [root] + [other] * (devices - 1), "one process, one node")
+
+
+def plan(run: Measured, target: Target, link: Link, overlap: bool | None = None) -> list[Prediction]:
+    """Every strategy's prediction for ``target``."""
+    if overlap is None:
+        overlap = run.accelerator != "cpu"
+    return [
+        predict_single(run, target),
+        predict_dp(run, target, link),
+        predict_ddp(run, target, link),
+        predict_fsdp(run, target, link, overlap),
+        predict_pipeline(run, target, link),
+    ]
+
+
+def scaling_efficiency(prediction: Prediction, run: Measured) -> float:
+    """Throughput over ``devices x`` the measured single device's.
+
+    >>> scaling_efficiency(Prediction("ddp", 4, {"compute": 1.25}, 128, []), Measured(
+    ...     "cuda", 1, 32, 0, 0.25, 0.5, 0.25, 0, 1, 0, 0, 0, None))
+    0.8
+    """
+    return prediction.samples_per_second / (prediction.world * run.samples_per_second)
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def table_rows(predictions: list[Prediction], run: Measured) -> list[list[str]]:
+    rows = []
+    for p in predictions:
+        parts = " / ".join(number(p.parts[k], 3) for k in ("data_wait", "compute", "communication", "optimizer"))
+        parts += " / " + " / ".join(number(p.parts[k], 3) for k in ("bubble", "rest"))
+        memory = ", ".join(number(mb, 0) for mb in p.memory_mb)
+        rows.append(
+            [
+                p.strategy,
+                str(p.world),
+                number(p.step, 3),
+                parts,
+                number(p.samples_per_second, 1),
+                number(100 * scaling_efficiency(p, run), 0, " %"),
+                memory,
+                p.note,
+            ]
+        )
+    return rows
+
+
+HEADER = [
+    "strategy",
+    "devices",
+    "step s",
+    "data / compute / comm / optim / bubble / rest s",
+    "samples/s",
+    "scaling",
+    "peak MiB per device",
+    "note",
+]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = OneLineParser(prog="python -m project plan", description=f"{PLAN_HELP} Trains nothing.")
+    parser.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="a fit's run folder (or its timing.json)")
+    parser.add_argument("--devices", type=int, required=True, help="devices per node (processes on a CPU)")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    parser.add_argument(
+        "--link-gbps", type=float, default=None, help="link bandwidth in Gbit/s (default: measured here with gloo)"
+    )
+    parser.add_argument("--link-latency-us", type=float, default=10.0, help="with --link-gbps: latency (default 10)")
+    parser.add_argument(
+        "--batch",
+        choices=("global", "per-device"),
+        default="global",
+        help="global: the run's batch split across the devices (default); per-device: each keeps it",
+    )
+    parser.add_argument("--micro-batches", type=int, default=4, help="pipeline micro-batches (default 4)")
+    parser.add_argument(
+        "--shared-cores",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="the devices are processes sharing the machine's CPU cores (auto: for a CPU run on 1 node, from "
+        "the run's threads and cores; yes: N times slower than the run; no: as fast as the run)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="also write plan.md and plan.json into this folder")
+    return parser.parse_args(argv)
+
+
+def check_target(args: argparse.Namespace) -> None:
+    for name in ("devices", "nodes", "micro_batches"):
+        if getattr(args, name) < 1:
+            raise ProjectError(f"plan --{name.replace('_', '-')}={getattr(args, name)} is not allowed: it must be >= 1")
+    if args.link_gbps is not None and not args.link_gbps > 0:
+        raise ProjectError(f"plan --link-gbps={args.link_gbps} is not allowed: it must be a number > 0")
+
+
+def core_slowdown(run: Measured, args: argparse.Namespace) -> float:
+    """How much slower each device runs the multi-threaded work than the run did (see :class:`Target`).
+
+    With ``auto``, for a CPU run on one node: N processes of ``max(1, cores // N)`` threads each (what
+    Lightning gives them) on the machine's cores, against the run's threads; N where those are unknown; 1
+    elsewhere (devices of their own).
+
+    >>> run = Measured("cpu", 1, 32, 0, 0, 0, 0, 0, 1, 0, 0, 0, None, threads=2, cores=2)
+    >>> args = argparse.Namespace(shared_cores="auto", devices=2, nodes=1)
+    >>> core_slowdown(run, args), core_slowdown(Measured(**{**run.__dict__, "threads": 1}), args)
+    (2.0, 1.0)
+    """
+    if args.shared_cores != "auto":
+        return float(args.devices * args.nodes) if args.shared_cores == "yes" else 1.0
+    if run.accelerator != "cpu" or args.nodes != 1:
+        return 1.0
+    if not run.threads or not run.cores:
+        return float(args.devices)
+    per_process = max(1, run.cores // args.devices)
+    return max(1.0, run.threads / per_process * max(1.0, args.devices * per_process / run.cores))
+
+
+def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, Any]]:
+    """The table (text) and the JSON record of ``python -m project plan``."""
+    check_target(args)
+    run = read_run(args.run_dir)
+    target = Target(args.devices, args.nodes, args.batch, args.micro_batches, core_slowdown(run, args))
+    if args.link_gbps is not None:
+        link = Link(args.link_latency_us * 1e-6, args.link_gbps * 1e9 / 8, f"given: {args.link_gbps:g} Gbit/s")
+    else:
+        from project.toolkit.measure.link import measure_link
+
+        measured = measure_link()
+        link = Link(measured["latency_s"], measured["bandwidth_bytes_per_s"], "measured here (gloo all_reduce)")
+    predictions = plan(run, target, link)
+    lines = [
+        f"Plan from {run.name}: {run.accelerator}, global batch {run.batch_size}, measured step {run.step:.3f} s",
+        f"  ({run.samples_per_second:.1f} samples/s); target {target.devices} device(s) x {target.nodes} node(s),",
+        f"  batch {target.batch}, link {link.bandwidth * 8 / 1e9:.2f} Gbit/s + {link.latency * 1e6:.0f} us per message "
+        f"({link.source}); each device computes {target.slowdown:g}x slower than the run (shared cores).",
+        "",
+        text_table(HEADER, table_rows(predictions, run)),
+        "",
+        "Formulas and what they leave out: docs/plan.md.",
+    ]
+    record = {
+        "command": command,
+        "run": run.name,
+        "target": target.__dict__,
+        "link": link.__dict__,
+        "predictions": [
+            {
+                "strategy": p.strategy,
+                "devices": p.world,
+                "step_seconds": p.step,
+                "parts": p.parts,
+                "samples_per_second": p.samples_per_second,
+                "scaling_efficiency": scaling_efficiency(p, run),
+                "peak_memory_mb": p.memory_mb,
+                "note": p.note,
+            }
+            for p in predictions
+        ],
+    }
+    return "\n".join(lines), record
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m project plan``; ``argv`` replaces ``sys.argv[2:]`` (for tests)."""
+    argv = sys.argv[2:] if argv is None else argv
+    args = parse_args(argv)
+    command = shlex.join(["python", "-m", "project", "plan", *argv])
+    with exit_on_project_error():
+        text, record = make_plan(args, command)
+        print(text, flush=True)
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "plan.json").write_text(json.dumps(record, indent=2) + "\n")
+            (args.out / "plan.md").write_text(f"# Plan\n\nProduced by `{command}`.\n\n```\n{text}\n```\n")

@@ -1,0 +1,94 @@
+"""What a network weighs, for ``python -m project plan`` (:mod:`project.toolkit.bench.plan`): its parameters and
+buffers, the activations a training step keeps for the backward, and the same per unit (the modules it runs
+one after another), counted once per run on a copy on the ``meta`` device (no memory, no arithmetic).
+
+The units are the network's modules two levels down where a top-level module has children (ResNet's
+``layer1.0``, MobileNetV2's ``features.3``), else the top-level module itself (``conv1``, ``fc``), in the
+order the forward finishes them; for the sequential networks a pipeline can split, that is the order of
+the forward. Each unit records its forward FLOPs, its parameters and the bytes of its output per sample
+(what a pipeline stage ending there sends to the next).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from project.toolkit.measure.flops import _FLOP_FORMULAS, _meta_copy
+
+
+def _units(net: nn.Module) -> dict[nn.Module, str]:
+    """The units of ``net``: each top-level child's children, or the child itself where it has none."""
+    units = {}
+    for name, child in net.named_children():
+        grandchildren = list(child.named_children())
+        for sub_name, sub in grandchildren or [("", child)]:
+            units[sub] = f"{name}.{sub_name}" if sub_name else name
+    return units or {net: type(net).__name__}
+
+
+def _bytes(output: Any) -> int:
+    if isinstance(output, torch.Tensor):
+        return output.numel() * output.element_size()
+    if isinstance(output, list | tuple):
+        return sum(_bytes(o) for o in output)
+    return 0
+
+
+def network_profile(
+    net: nn.Module, image_size: int, channels_last: bool = True, in_channels: int = 3
+) -> dict[str, Any]:
+    """``parameters`` (count), ``parameter_bytes``, ``buffer_bytes``, ``activation_bytes_per_sample`` (the
+    tensors one training forward saves for its backward, per image, parameters left out) and ``units``
+    (``[name, forward FLOPs, parameters, output bytes]`` per image, in the forward's order).
+
+    >>> profile = network_profile(nn.Sequential(nn.Flatten(), nn.Linear(12, 5)), image_size=2)
+    >>> profile["parameters"], profile["parameter_bytes"], profile["units"]
+    (65, 260, [['0', 0, 0, 48], ['1', 120, 65, 20]])
+    """
+    model = _meta_copy(net).train()  # BatchNorm in training mode needs 2 or more values: a batch of 2, halved
+    batch = 2
+    images = torch.empty(batch, in_channels, image_size, image_size, device="meta")
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        images = images.contiguous(memory_format=torch.channels_last)
+    parameters = {id(p) for p in model.parameters()}
+    saved = [0]
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in parameters:
+            saved[0] += tensor.numel() * tensor.element_size()
+        return tensor
+
+    units = _units(model)
+    rows: list[list[Any]] = []
+    counter = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
+    start_flops: dict[nn.Module, int] = {}
+    handles = []
+    for module, name in units.items():
+
+        def before(module: nn.Module, args: Any) -> None:
+            start_flops[module] = counter.get_total_flops()
+
+        def after(module: nn.Module, args: Any, output: Any, name: str = name) -> None:
+            flops = counter.get_total_flops() - start_flops[module]
+            params = sum(p.numel() for p in module.parameters())
+            rows.append([name, flops // batch, params, _bytes(output) // batch])
+
+        handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+    try:
+        with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(images)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {
+        "parameters": sum(p.numel() for p in net.parameters()),
+        "parameter_bytes": sum(p.numel() * p.element_size() for p in net.parameters()),
+        "buffer_bytes": sum(b.numel() * b.element_size() for b in net.buffers()),
+        "activation_bytes_per_sample": saved[0] // batch,
+        "units": rows,
+    }

@@ -1,0 +1,182 @@
+"""``python -m project plan`` (project/toolkit/bench/plan.py): its formulas on known inputs, the predictions
+they add up to, and the command (a table from a timing.json, without torch; one-line errors)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from project.toolkit.bench import plan
+from project.toolkit.bench.plan import Link, Measured, Target
+
+FAST = Link(latency=0.0, bandwidth=1e9, source="given")  # 1 GB/s, no latency: round numbers
+MB = 1e6
+
+
+def measured(**changes: object) -> Measured:
+    """A single-device run: batch 32, a step of 0.1 data + 0.2 forward + 0.4 backward + 0.1 optimizer +
+    0.2 rest = 1 s; 100 MB of parameters in 4 units (the 2nd and 3rd with 90 % of the FLOPs)."""
+    values = dict(
+        accelerator="cuda",
+        world_size=1,
+        batch_size=32,
+        data_wait=0.1,
+        forward=0.2,
+        backward=0.4,
+        optimizer=0.1,
+        rest=0.2,
+        parameter_bytes=100 * MB,
+        buffer_bytes=0,
+        activation_bytes_per_sample=1 * MB,
+        optimizer_state_bytes=100 * MB,
+        peak_memory_mb=2000.0,
+        units=[
+            ["a", 5, 1_000_000, 4000],
+            ["b", 45, 10_000_000, 2000],
+            ["c", 45, 10_000_000, 1000],
+            ["d", 5, 4_000_000, 40],
+        ],
+    )
+    values.update(changes)
+    return Measured(**values)  # type: ignore[arg-type]
+
+
+def test_collective_formulas() -> None:
+    assert plan.ring_all_reduce_seconds(100 * MB, 2, FAST) == pytest.approx(0.1)  # 2(N-1)/N = 1
+    assert plan.ring_all_reduce_seconds(100 * MB, 8, FAST) == pytest.approx(0.175)  # 2 x 7/8
+    assert plan.ring_all_reduce_seconds(100 * MB, 1, FAST) == 0.0
+    assert plan.all_gather_seconds(100 * MB, 8, Link(1e-3, 1e9, "")) == pytest.approx(0.0875 + 0.007)
+    assert plan.gpipe_bubble(4, 4) == pytest.approx(3 / 7)
+    assert plan.balanced_stages([5, 45, 45, 5], 2) == [[0, 1], [2, 3]]
+
+
+def test_ddp_hides_all_but_the_last_bucket_behind_a_long_backward_and_nothing_behind_a_single_bucket() -> None:
+    buckets = [25 * MB] * 4
+    last = plan.ring_all_reduce_seconds(25 * MB, 2, FAST)
+    assert plan.ddp_exposed_seconds(buckets, backward=10.0, world=2, link=FAST) == pytest.approx(last)
+    whole = plan.ring_all_reduce_seconds(100 * MB, 2, FAST)
+    assert plan.ddp_exposed_seconds([100 * MB], backward=10.0, world=2, link=FAST) == pytest.approx(whole)
+    assert plan.ddp_exposed_seconds(buckets, backward=0.0, world=2, link=FAST) == pytest.approx(whole)
+
+
+def test_weak_scaling_with_an_infinitely_fast_link_is_perfect_for_ddp() -> None:
+    run = measured()
+    infinite = Link(0.0, float("inf"), "given")
+    ddp = plan.predict_ddp(run, Target(8, batch="per-device"), infinite)
+    assert ddp.step == pytest.approx(run.step) and plan.scaling_efficiency(ddp, run) == pytest.approx(1.0)
+
+
+def test_strong_scaling_splits_the_batch_work_but_not_the_optimizer_nor_the_rest() -> None:
+    run = measured()
+    ddp = plan.predict_ddp(run, Target(2), FAST)
+    # data and compute halve; the optimizer and the rest do not; 1 MiB + 24 MiB ... buckets of 100 MB
+    assert ddp.parts["data_wait"] == pytest.approx(0.05) and ddp.parts["compute"] == pytest.approx(0.3)
+    assert (ddp.parts["optimizer"], ddp.parts["rest"]) == (0.1, 0.2)
+    expected = plan.ddp_exposed_seconds(plan.ddp_buckets(100 * MB), 0.2, 2, FAST)
+    assert ddp.parts["communication"] == pytest.approx(expected) and expected > 0
+    assert ddp.samples_per_step == 32
+    # processes sharing the cores of the run: the multi-threaded work runs N x slower, data and rest do not
+    shared = plan.predict_ddp(run, Target(2, slowdown=2.0), FAST)
+    assert shared.parts["compute"] == pytest.approx(0.6) and shared.parts["optimizer"] == pytest.approx(0.2)
+
+
+def test_fsdp_gathers_twice_and_reduce_scatters_once_and_shards_the_states() -> None:
+    run = measured()
+    gather = plan.all_gather_seconds(100 * MB, 4, FAST)  # 75 ms for 100 MB on 4 devices
+    blocking = plan.predict_fsdp(run, Target(4), FAST, overlap=False)
+    assert blocking.parts["communication"] == pytest.approx(3 * gather)
+    assert blocking.parts["optimizer"] == pytest.approx(0.1 / 4)
+    overlapped = plan.predict_fsdp(run, Target(4), FAST, overlap=True)
+    assert overlapped.parts["communication"] < blocking.parts["communication"]
+    # memory: a quarter of parameters, gradients and optimizer state (300 MB), a quarter of the
+    # activations, two copies of the largest unit's parameters, on the run's baseline
+    baseline = 2000 - 300 * MB / plan.MIB - 32 * MB / plan.MIB
+    expected = baseline + 75 * MB / plan.MIB + 8 * MB / plan.MIB + 2 * (10 / 25 * 100 * MB) / plan.MIB
+    assert blocking.memory_mb == [pytest.approx(expected)] * 4
+
+
+def test_pipeline_with_balanced_stages_idles_as_gpipe_says() -> None:
+    run = measured(data_wait=0.0, optimizer=0.0, rest=0.0)
+    infinite = Link(0.0, float("inf"), "given")
+    pipeline = plan.predict_pipeline(run, Target(2, micro_batches=4), infinite)
+    assert pipeline.parts["bubble"] / pipeline.step == pytest.approx(plan.gpipe_bubble(2, 4))
+    assert pipeline.step == pytest.approx(0.6 * 0.5 * 5 / 4)  # (m + p - 1) slots of half the compute / m
+    # sharing the cores: a lone stage takes every core, so the step is at least the whole compute
+    shared = plan.predict_pipeline(run, Target(2, micro_batches=16, slowdown=2.0), infinite)
+    assert shared.step >= 0.6
+
+
+def write_run(folder: Path, **changes: object) -> Path:
+    run = measured()
+    timing = {
+        "strategy": "single_device",
+        "accelerator": "cpu",
+        "world_size": 1,
+        "batch_size": 32,
+        "image_size": 32,
+        "peak_memory_mb": [2000.0],
+        "step_anatomy": {
+            "steps": 5,
+            "ranks": [
+                {"data_wait": 0.1, "compute": 0.6, "forward": 0.2, "backward": 0.4, "communication": 0.0}
+                | {"optimizer": 0.1, "bubble": None, "rest": 0.2, "step_seconds": 1.0}
+            ],
+        },
+        "network": {
+            "parameters": 25_000_000,
+            "parameter_bytes": run.parameter_bytes,
+            "buffer_bytes": 0,
+            "activation_bytes_per_sample": run.activation_bytes_per_sample,
+            "optimizer_state_bytes": run.optimizer_state_bytes,
+            "units": run.units,
+        },
+    }
+    timing.update(changes)
+    folder.mkdir(parents=True)
+    (folder / "timing.json").write_text(json.dumps(timing))
+    return folder
+
+
+def test_the_command_prints_every_strategy_from_a_timing_json_without_importing_torch(tmp_path: Path) -> None:
+    folder = write_run(tmp_path / "run")
+    code = "import sys\nfrom project.toolkit.entry import main\n"
+    code += (
+        f"main(['plan', {str(folder)!r}, '--devices', '2', '--link-gbps', '8', '--out', {str(tmp_path / 'out')!r}])\n"
+    )
+    code += "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.rstrip().endswith("[]")
+    assert "measured step 1.000 s" in out and "each device computes 2x slower" in out  # a CPU run, one node
+    record = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert [p["strategy"] for p in record["predictions"]] == ["single", "dp", "ddp", "fsdp", "pipeline"]
+    assert record["predictions"][0]["step_seconds"] == pytest.approx(1.0)
+    assert (tmp_path / "out" / "plan.md").read_text().startswith("# Plan")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--devices", "0"], "error: plan --devices=0 is not allowed: it must be >= 1"),
+        (["--devices", "2", "--link-gbps", "-1"], "error: plan --link-gbps=-1.0 is not allowed"),
+        (["--devices", "2", "--link-gbps", "8", "--timing"], "error: unrecognized arguments: --timing"),
+    ],
+)
+def test_bad_options_get_one_line(tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], line: str) -> None:
+    folder = write_run(tmp_path / "run")
+    with pytest.raises(SystemExit) as exit_info:
+        plan.main([str(folder), *args])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith(line)
+
+
+def test_a_run_without_anatomy_is_one_line_naming_what_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folder = write_run(tmp_path / "old", step_anatomy=None)
+    with pytest.raises(SystemExit):
+        plan.main([str(folder), "--devices", "2", "--link-gbps", "8"])
+    assert "has no step_anatomy or network" in capsys.readouterr().err
