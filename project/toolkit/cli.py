@@ -65,6 +65,7 @@ from project.toolkit.callbacks.reproducibility import ReseedEveryEpoch
 from project.toolkit.callbacks.summary import RunSummary
 from project.toolkit.callbacks.timing import TimingCallback
 from project.toolkit.callbacks.views import TensorBoardViews
+from project.toolkit.class_path_errors import class_path_error_line, project_error_within, unwrap_class_option_error
 from project.toolkit.commands import TRAINER_COMMANDS, with_option_hints
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
@@ -186,7 +187,7 @@ class ProjectCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except (MisconfigurationException, ValueError, TypeError) as err:
-            raise ProjectError(one_line(str(err))) from None
+            raise project_error_within(err) or ProjectError(one_line(str(err))) from None
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run the subcommand; if it fails on bad input before any training step, remove the run folder
@@ -307,6 +308,9 @@ def parse_error_line(message: str) -> str:
     ... )
     'trainer.max_epochs=abc is not allowed; expected int or null'
     """
+    message = unwrap_class_option_error(message)  # --data.image_size=big: jsonargparse blames all of --data
+    if class_path_line := class_path_error_line(message):  # --data=no.such.Class, --data.no_such_option
+        return class_path_line
     key = re.match(r'Parser key "([^"]+)":', message)
     value = re.search(r"(?:Given|Got) value: (.*?)\s*$", message)
     expected = re.findall(r"Expected a (.+?)(?:\. Got value|\n|$)", message)

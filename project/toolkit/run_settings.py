@@ -50,7 +50,7 @@ def derive_settings(subcommand: str, config: Any) -> None:
         # cuDNN's autotuner picks the fastest convolution kernels for the (fixed) input shape; it
         # may pick differently from run to run, so a deterministic run leaves it off. No effect on CPU.
         trainer.benchmark = not trainer.get("deterministic")
-    if config.get("data.val_size") == 0:
+    if config.get("data.init_args.val_size") == 0:  # --data chooses the class: its options sit in init_args
         if subcommand == "validate":
             raise ProjectError("data.val_size=0 holds out no images, so there is nothing to validate; use test")
         trainer.limit_val_batches = 0
