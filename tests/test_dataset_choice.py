@@ -165,6 +165,8 @@ def test_grey_synthetic_data_has_one_channel() -> None:
 @pytest.mark.parametrize(
     "attributes, message",
     [
+        ({"num_classes": 1}, r"Bad.num_classes=1 is not allowed: it must be an integer >= 2"),
+        ({"image_shape": None}, r"Bad.image_shape=None is not allowed: it must be \(height, width, channels\)"),
         ({"image_shape": (12, 12, 2)}, r"Bad.image_shape=\(12, 12, 2\) is not allowed: .* channels 1 or 3"),
         (
             {"image_shape": (12, 12)},

@@ -3,7 +3,8 @@
 
 - :mod:`.augmentation`: the training augmentation as pure functions of ``(seed, epoch, image index)``,
   for one image or a batch, on any device;
-- :mod:`.statistics`: a data set's per-channel normalisation statistics, declared or measured;
+- :mod:`.statistics`: a data set's per-channel normalisation statistics, measured from its images;
+- :mod:`.declarations`: the checks of what a data set class declares (classes, image shape, statistics);
 - :mod:`.samplers`: the resumable training sampler and the evaluation batch sampler that gives every
   process as many batches;
 - :mod:`.datasets`: the Datasets over uint8 image arrays that the loaders read;

@@ -9,7 +9,8 @@ is one. Everything else is here, the same for every data set:
   and refuses one that does not divide;
 - a seeded validation split held out of the training images, apart from the training seed;
 - normalisation with the data set's per-channel statistics: declared, or measured once from the
-  training split (:mod:`~project.toolkit.data.statistics`); grey (1-channel) or colour (3) images;
+  training split (:mod:`~project.toolkit.data.statistics`); grey (1-channel) or colour (3) images,
+  and a data set class's declarations checked when it is built (:mod:`~project.toolkit.data.declarations`);
 - ``synthetic=True``: random images of the data set's shape, with no disk and no network;
 - training that is reproducible whatever the number of DataLoader workers, and can resume in the
   middle of an epoch: the order of an epoch and the augmentation of every image depend only on
@@ -38,13 +39,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from project.toolkit.data.augmentation import augment, to_model_input
 from project.toolkit.data.datasets import AugmentedImages, AugmentKeys, ImageArrayDataset, IndexBatches, Indices
+from project.toolkit.data.declarations import check_declarations
 from project.toolkit.data.samplers import EvenBatchSampler, TrainingSampler
-from project.toolkit.data.statistics import (
-    ChannelStats,
-    check_image_shape,
-    declared_channel_stats,
-    measure_channel_stats,
-)
+from project.toolkit.data.statistics import ChannelStats, measure_channel_stats
 from project.toolkit.errors import DataError
 from project.toolkit.log import get_logger
 
@@ -57,8 +54,8 @@ class ImageArrayDataModule(LightningDataModule):
 
     A subclass is one data set: it sets ``num_classes`` and ``image_shape`` (and ``mean`` and ``std``
     if it knows them) and defines :meth:`load_split` (and :meth:`prepare_files` if its files can be
-    downloaded). Its docstring's
-    ``Args`` may restate the options below in the data set's terms: the CLI shows the subclass's.
+    downloaded). Its docstring's ``Args`` may restate the options below in the data set's terms: the
+    CLI shows the subclass's.
 
     Args:
         data_dir: Folder that holds (or will hold) the data set's files.
@@ -110,8 +107,8 @@ class ImageArrayDataModule(LightningDataModule):
         on_device: bool = False,
     ) -> None:
         super().__init__()
-        owner = type(self).__name__
-        check_image_shape(owner, self.image_shape)
+        # What normalises the images: the class's declaration, else measured in setup (the same on every rank).
+        self.channel_stats: ChannelStats | None = check_declarations(type(self))
         for name, value, low in (
             ("image_size", image_size, 1),
             ("batch_size", batch_size, 1),
@@ -129,8 +126,6 @@ class ImageArrayDataModule(LightningDataModule):
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
         self.label_names: list[str] = [str(i) for i in range(self.num_classes)]
-        # What normalises the images: the class's declaration, else measured in setup (the same on every rank).
-        self.channel_stats: ChannelStats | None = declared_channel_stats(owner, self.mean, self.std, self.in_channels)
         self._datasets: dict[str, ImageArrayDataset] = {}
         # on_device: each split's images (uint8, N x C x H x W) and labels on the accelerator
         self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -184,13 +179,13 @@ class ImageArrayDataModule(LightningDataModule):
         if stage in ("fit", "validate") and "train" not in self._datasets:
             images, labels = self._load(train=True)
             train, val = self._split(len(images))
-            mean, std = self._measure_stats(images, train)
+            mean, std = self._normalisation_stats(images, train)
             self._datasets["train"] = AugmentedImages(images[train], labels[train], size, mean, std)
             self._datasets["val"] = ImageArrayDataset(images[val], labels[val], self._evaluation_transform())
         if stage in ("test", "predict") and "test" not in self._datasets:
             if self.channel_stats is None:  # the statistics the model was trained with: the training split's
                 images, _ = self._load(train=True)
-                self._measure_stats(images, self._split(len(images))[0])
+                self._normalisation_stats(images, self._split(len(images))[0])
             self._datasets["test"] = ImageArrayDataset(*self._load(train=False), self._evaluation_transform())
         if self.hparams.on_device:
             self._move_to_device({"fit": ("train", "val"), "validate": ("val",)}.get(stage, ("test",)))
@@ -205,7 +200,7 @@ class ImageArrayDataModule(LightningDataModule):
         order = np.random.default_rng(self.hparams.split_seed).permutation(count)
         return order[self.hparams.val_size :], order[: self.hparams.val_size]
 
-    def _measure_stats(self, images: np.ndarray, train: np.ndarray) -> ChannelStats:
+    def _normalisation_stats(self, images: np.ndarray, train: np.ndarray) -> ChannelStats:
         """The statistics that normalise the images: the declared ones, else measured once on the
         training images ``images[train]`` (the same numbers on every rank, which reads the same arrays)."""
         if self.channel_stats is None:
