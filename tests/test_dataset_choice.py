@@ -13,6 +13,7 @@ from torch import nn
 
 from project.__main__ import main
 from project.toolkit.data import datamodule as datamodule_module
+from project.toolkit.data.statistics import measure_channel_stats
 from project.toolkit.errors import DataError
 from tests.fixture_datasets import TRAIN_IMAGES, ColourTiles, GreyBars
 from tests.test_data import attach, on_device_batches
@@ -138,6 +139,17 @@ def test_statistics_not_declared_are_measured_once_from_the_training_split(monke
     alone = attach(ColourTiles(image_size=8, batch_size=8, val_size=VAL_IMAGES, num_workers=0))
     alone.setup("test")  # a test on its own measures the training split too, as the model was trained on it
     assert alone.channel_stats == dm.channel_stats and len(measured) == 2
+
+
+def test_measured_statistics_equal_numpys_and_a_constant_channel_is_only_centred() -> None:
+    images = np.random.default_rng(0).integers(0, 256, (50, 5, 5, 3), dtype=np.uint8)
+    images[..., 2] = 7
+    indices = np.arange(3, 50, 2)
+    stats = measure_channel_stats(images, indices, chunk=4)  # chunks of 4 images: the sums carry across them
+    mean, std = numpy_stats(images[indices])
+    np.testing.assert_allclose(stats.mean, mean, rtol=1e-12)
+    np.testing.assert_allclose(stats.std[:2], std[:2], rtol=1e-12)
+    assert stats.std[2] == 1.0  # not 0, which would divide by zero
 
 
 def test_declared_statistics_are_used_as_they_are() -> None:

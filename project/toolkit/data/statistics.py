@@ -40,15 +40,15 @@ def measure_channel_stats(images: np.ndarray, indices: np.ndarray | None = None,
     indices = np.arange(len(images)) if indices is None else np.asarray(indices)
     if not len(indices):
         raise DataError("cannot measure the normalisation statistics of no images")
-    offsets = np.arange(channels, dtype=np.intp) * _LEVELS  # channel c counts in bins c*256 .. c*256+255
-    counts = np.zeros(channels * _LEVELS, np.int64)
+    counts = np.zeros((channels, _LEVELS), np.int64)
     for start in range(0, len(indices), chunk):
-        values = images[indices[start : start + chunk]].reshape(-1, channels).astype(np.intp) + offsets
-        counts += np.bincount(values.ravel(), minlength=channels * _LEVELS)
-    counts = counts.reshape(channels, _LEVELS).astype(np.float64)
+        images_chunk = images[indices[start : start + chunk]]
+        for channel in range(channels):  # one uint8 plane at a time: bincount is fastest on those
+            counts[channel] += np.bincount(images_chunk[..., channel].ravel(), minlength=_LEVELS)
+    counts = counts.astype(np.float64)
     levels = np.arange(_LEVELS) / (_LEVELS - 1)
     total = counts.sum(axis=1)
     mean = counts @ levels / total
     std = np.sqrt((counts * (levels - mean[:, None]) ** 2).sum(axis=1) / total)
-    std[std == 0] = 1.0
+    std[(counts > 0).sum(axis=1) == 1] = 1.0  # one level only (rounding may leave a tiny std, not 0)
     return ChannelStats(tuple(float(v) for v in mean), tuple(float(v) for v in std))
