@@ -9,7 +9,6 @@ wrong and what is allowed.
 
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
 import re
@@ -61,8 +60,8 @@ def class_path_error_line(message: str) -> str | None:
     given = _GIVEN_CLASS.match(problem)
     unknown = re.match(r"Option '([^']+)' is not accepted", given.group(2)) if given else None
     if unknown:  # the class is fine; it has no such option: name the nearest one it has
-        nested = re.fullmatch(r"NestedArg\(key='[^']*', val=(.*)\)", value)
-        typed = f"--{key}.{unknown.group(1)}" + (f"={ast.literal_eval(nested.group(1))}" if nested else "")
+        nested = re.fullmatch(r"NestedArg\(key='[^']*', val='(.*)'\)", value)
+        typed = f"--{key}.{unknown.group(1)}" + (f"={nested.group(1)}" if nested else "")
         options = [f"--{key}.{name}" for name in init_parameters(_import(given.group(1)))]
         return with_option_hints(f"unrecognized arguments: {typed}", options)
     in_mapping = re.match(r"\{'class_path': '([^']*)'", value)
