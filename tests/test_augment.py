@@ -12,23 +12,24 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from project.toolkit.data.augmentation import (
-    CIFAR10_MEAN,
-    CIFAR10_STD,
     augment,
     crop_and_flip,
     draw_crops_and_flips,
     to_model_input,
 )
 
+MEAN, STD = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)  # any per-channel statistics a data set may have
 EVERY_CROP_AND_FLIP = torch.tensor(list(itertools.product(range(9), range(9), range(2))))  # 81 offsets x 2 flips
 
 
-def random_images(count: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(0, 256, (count, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+def random_images(count: int, seed: int = 0, channels: int = 3) -> torch.Tensor:
+    shape = (count, channels, 32, 32)
+    return torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
 
 
-def test_crop_and_flip_is_torchvisions_padded_crop_then_flip_for_every_parameter() -> None:
-    image = random_images(1)[0]
+@pytest.mark.parametrize("channels", [1, 3])
+def test_crop_and_flip_is_torchvisions_padded_crop_then_flip_for_every_parameter(channels: int) -> None:
+    image = random_images(1, channels=channels)[0]
     batch = image.expand(len(EVERY_CROP_AND_FLIP), -1, -1, -1)
     out = crop_and_flip(batch, EVERY_CROP_AND_FLIP)
     padded = F.pad(image, [4])  # RandomCrop(32, padding=4): zeros around, then a 32 px window
@@ -56,18 +57,22 @@ def test_draws_depend_on_seed_and_epoch_only() -> None:
     assert not table.flags.writeable  # shared through the cache: nobody may change it
 
 
-@pytest.mark.parametrize("image_size", [32, 112])
-def test_to_model_input_is_the_torchvision_evaluation_transform(image_size: int) -> None:
-    images = random_images(4)
+@pytest.mark.parametrize("image_size, channels", [(32, 3), (112, 3), (48, 1)])
+def test_to_model_input_is_the_torchvision_evaluation_transform(image_size: int, channels: int) -> None:
+    images = random_images(4, channels=channels)
+    mean, std = MEAN[:channels], STD[:channels]
     steps = [v2.Resize(image_size, antialias=True)] if image_size != 32 else []
-    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
+    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
     expected = torch.stack([v2.Compose(steps)(image) for image in images])
-    torch.testing.assert_close(to_model_input(images, image_size), expected, rtol=0, atol=1e-6)
-    assert torch.equal(to_model_input(images[0], image_size), to_model_input(images, image_size)[0])
+    batch = to_model_input(images, image_size, mean, std)
+    torch.testing.assert_close(batch, expected, rtol=0, atol=1e-6)
+    assert torch.equal(to_model_input(images[0], image_size, mean, std), batch[0])
 
 
-def test_a_batch_is_augmented_as_its_images_one_at_a_time() -> None:
-    images = random_images(16)
+@pytest.mark.parametrize("channels", [1, 3])
+def test_a_batch_is_augmented_as_its_images_one_at_a_time(channels: int) -> None:
+    images = random_images(16, channels=channels)
+    mean, std = MEAN[:channels], STD[:channels]
     params = torch.from_numpy(draw_crops_and_flips(seed=3, epoch=0, count=16).copy())
-    one_by_one = torch.cat([augment(images[i : i + 1], params[i : i + 1], 48) for i in range(16)])
-    assert torch.equal(augment(images, params, 48), one_by_one)
+    one_by_one = torch.cat([augment(images[i : i + 1], params[i : i + 1], 48, mean, std) for i in range(16)])
+    assert torch.equal(augment(images, params, 48, mean, std), one_by_one)

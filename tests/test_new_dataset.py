@@ -1,37 +1,36 @@
 """Adding a data set is one small class: a subclass of ImageArrayDataModule that says how to get its
 arrays gets both pipelines, the global batch split across processes, synthetic data and the checks
-of what it reads, and trains. The class below is the one docs/data.md shows."""
+of what it reads, and trains when chosen with ``--data=``. The class is the one docs/data.md shows,
+read from that page, so the page cannot drift from what works."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch import Trainer
+import yaml
 
-from project.data import ImageArrayDataModule
-from project.model import ImageClassifier
+from project.__main__ import main
 from project.toolkit.errors import DataError
 from tests.test_data import attach, on_device_batches
 
-
-class TinyImages(ImageArrayDataModule):
-    """Three classes of 8 x 8 images, kept as arrays in ``data_dir/tiny.npz``."""
-
-    num_classes = 3
-    image_shape = (8, 8, 3)
-
-    def load_split(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
-        path = self.data_dir / "tiny.npz"
-        if not path.is_file():
-            raise DataError(f"{path} not found: write it first, or run with --data.synthetic=true")
-        split = "train" if train else "test"
-        with np.load(path) as arrays:
-            return arrays[f"{split}_images"], arrays[f"{split}_labels"]
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "data.md"
 
 
+def documented_data_set() -> type:
+    """The class of the first python block under docs/data.md's "Add a data set", defined in this module
+    (so that ``--data=tests.test_new_dataset.TinyImages`` names it)."""
+    section = DOCS.read_text().split("## Add a data set", 1)[1]
+    source = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace = {"__name__": __name__}
+    exec(compile(source, str(DOCS), "exec"), namespace)
+    return namespace["TinyImages"]
+
+
+TinyImages = documented_data_set()
 TRAIN_IMAGES, TEST_IMAGES = 48, 20
 
 
@@ -122,14 +121,27 @@ def test_arrays_the_pipelines_cannot_take_are_refused_naming_the_data_set(
         attach(Broken(data_dir=str(tmp_path), val_size=1, num_workers=0)).setup("fit")
 
 
-def test_a_model_trains_and_tests_on_it(tiny_dir: Path) -> None:
-    dm = make_tiny(tiny_dir, image_size=32)
-    model = ImageClassifier(arch="mobilenet_v2", num_classes=dm.num_classes)
-    trainer = Trainer(
-        fast_dev_run=True, accelerator="cpu", devices=1, enable_progress_bar=False, enable_model_summary=False
-    )
-    trainer.fit(model, datamodule=dm)
-    assert {"train/loss", "val/acc"} <= trainer.callback_metrics.keys()
-    assert torch.isfinite(trainer.callback_metrics["train/loss"])
-    tested = trainer.test(model, datamodule=dm)
-    assert tested[0].keys() == {"test/loss", "test/acc"}
+def test_chosen_by_option_it_trains_and_tests(tiny_dir: Path, tmp_path: Path) -> None:
+    args = [f"--data={__name__}.TinyImages", f"--data.data_dir={tiny_dir}", "--data.image_size=32"]
+    args += ["--data.batch_size=8", "--data.val_size=8", "--data.num_workers=0", "--trainer.accelerator=cpu"]
+    args += ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.num_sanity_val_steps=0"]
+    args += ["--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"]
+    fit = main(["fit", *args])
+    assert type(fit.datamodule) is TinyImages and fit.model.hparams.num_classes == 3
+    assert {"train/loss", "val/acc"} <= fit.trainer.callback_metrics.keys()
+    assert torch.isfinite(fit.trainer.callback_metrics["train/loss"])
+    tested = main(["test", *args, "--ckpt_path=last"])
+    assert {"test/loss", "test/acc"} <= tested.trainer.callback_metrics.keys()
+
+
+def test_a_config_file_chooses_it_as_the_docs_show(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    section = DOCS.read_text().split("## Add a data set", 1)[1]
+    config = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    assert config["data"]["class_path"] == "project.data.tiny.TinyImages"  # where the page puts the file
+    config["data"]["class_path"] = f"{__name__}.TinyImages"  # where this test defines it
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit):
+        main(["fit", f"--config={tmp_path / 'tiny.yaml'}", "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)["data"]
+    assert printed["class_path"] == f"{__name__}.TinyImages"
+    assert printed["init_args"]["data_dir"] == "folder/with/npz" and printed["init_args"]["image_size"] == 32

@@ -5,6 +5,8 @@ re-exported here with its helpers): ``from project.data import ImageArrayDataMod
 from project.data.cifar10 import (
     BASE_FOLDER,
     CIFAR10_MD5,
+    CIFAR10_MEAN,
+    CIFAR10_STD,
     CIFAR10_URL,
     IMAGE_SHAPE,
     META_FILE,
@@ -25,6 +27,8 @@ __all__ = [
     *_generic,
     "BASE_FOLDER",
     "CIFAR10_MD5",
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
     "CIFAR10_URL",
     "IMAGE_SHAPE",
     "META_FILE",

@@ -36,6 +36,10 @@ TEST_FILE = "test_batch"
 META_FILE = "batches.meta"
 NUM_CLASSES = 10
 IMAGE_SHAPE = (32, 32, 3)  # height, width, channels: the on-disk layout after reshaping
+# Per-channel mean and standard deviation of the 50,000 training images on the 0-1 scale, the values
+# CIFAR-10 code commonly uses; declared, so no run has to measure them.
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
 # --------------------------------------------------------------------------- reading the files
@@ -181,6 +185,8 @@ class CIFAR10DataModule(ImageArrayDataModule):
 
     num_classes = NUM_CLASSES
     image_shape = IMAGE_SHAPE
+    mean = CIFAR10_MEAN
+    std = CIFAR10_STD
 
     @property
     def root(self) -> Path:

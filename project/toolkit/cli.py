@@ -37,7 +37,6 @@ import re
 import shutil
 import signal
 import sys
-import textwrap
 from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
@@ -68,6 +67,7 @@ from project.toolkit.callbacks.summary import RunSummary
 from project.toolkit.callbacks.timing import TimingCallback
 from project.toolkit.callbacks.views import TensorBoardViews
 from project.toolkit.checkpoint_settings import adopt_checkpoint_settings
+from project.toolkit.class_path_errors import class_path_error_line, project_error_within, unwrap_class_option_error
 from project.toolkit.commands import TRAINER_COMMANDS, config_shape_error, with_option_hints
 from project.toolkit.compat import is_subprocess_script_launcher
 from project.toolkit.errors import ProjectError
@@ -150,20 +150,10 @@ class ProjectCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # a mistyped option: name the nearest one there is
             options = {option for p in self.callback_parsers for a in p._actions for option in a.option_strings}
-            options |= {f"--data.{name}" for name in self._data_parameters()}
-            raise ArgumentError(None, with_option_hints(unknown_nested_option(str(err)), options)) from None
+            raise ArgumentError(None, with_option_hints(str(err), options)) from None
         subcommand = self.config.get("subcommand")
         if subcommand:
             self._resolve_ckpt_path(subcommand)
-
-    def _data_parameters(self) -> list[str]:
-        """The options of the default data set (``--data.<name>``), for the hints to a mistyped one."""
-        if not self.default_data:
-            return []
-        cls = import_object(self.default_data)
-        return [
-            name for klass in cls.__mro__ if "__init__" in vars(klass) for name in inspect.signature(klass).parameters
-        ]
 
     def _resolve_ckpt_path(self, subcommand: str) -> None:
         """Resolve ``--ckpt_path=last|best`` to a file and check the file, before LightningCLI reads the
@@ -218,7 +208,7 @@ class ProjectCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except (MisconfigurationException, ValueError, TypeError) as err:
-            raise ProjectError(one_line(str(err))) from None
+            raise project_error_within(err) or ProjectError(one_line(str(err))) from None
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         # The template's model summary replaces Lightning's default one: say so to the Trainer, which
@@ -352,29 +342,6 @@ def one_line(message: str) -> str:
     return re.sub(r"\s*\n\s*", " ", message.strip())
 
 
-def unknown_nested_option(message: str) -> str:
-    r"""jsonargparse's message about an option of a class chosen by subclass mode (``--data.*``) in the
-    form of the same message for any other option: a value of the wrong type, or an unknown option.
-
-    >>> unknown_nested_option("Parser key 'data': NestedArg(key='batchsize', val='64')")
-    'unrecognized arguments: --data.batchsize=64'
-    >>> parse_error_line(unknown_nested_option(
-    ...     "Parser key 'data': class_path 'x.Data':\n  Parser key 'image_size':\n  Expected a <class 'int'>. "
-    ...     "Got value: big\n  Given value: NestedArg(key='image_size', val='big')"
-    ... ))
-    'data.image_size=big is not allowed; expected int'
-    """
-    group = re.match(r"""Parser key ["'](\w+)["']""", message)
-    nested = re.search(r"NestedArg\(key='([^']+)', val='([^']*)'\)", message)
-    if not (group and nested):
-        return message
-    key, value = nested.groups()
-    expected = re.search(rf"""Parser key ["']{re.escape(key)}["']:\s*(Expected a .+?)\. Got value""", message)
-    if expected:  # a known option, a value of the wrong type
-        return f'Parser key "{group.group(1)}.{key}":\n  {expected.group(1)}. Got value: {value}'
-    return f"unrecognized arguments: --{group.group(1)}.{key}={value}"
-
-
 def parse_error_line(message: str) -> str:
     r"""jsonargparse's message for a value of the wrong type, as one line: the option, the value, and
     the types or values allowed; other messages only folded onto one line.
@@ -387,23 +354,10 @@ def parse_error_line(message: str) -> str:
     ...     "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: abc"
     ... )
     'trainer.max_epochs=abc is not allowed; expected int or null'
-    >>> parse_error_line(  # an option of a section given by class (--data=package.module.Class)
-    ...     'Parser key "data":\n  Does not validate against any of the Union subtypes\n  Errors:\n'
-    ...     "    - Problem with given class_path 'project.data.CIFAR10DataModule':\n        Option 'batchsize' is "
-    ...     "not accepted\n    - Expected a <class 'NoneType'>\n  Given value: NestedArg(key='batchsize', val='64')"
-    ... )
-    'unrecognized arguments: --data.batchsize=64'
     """
-    nested = re.search(
-        r'^Parser key "([^"]+)":.*?Problem with given class_path \'[^\']+\':\n(.*?)\n    - ', message, re.S
-    )
-    if nested:  # the message of the class's own parser, inside the section's
-        section, inner = nested.group(1), textwrap.dedent(nested.group(2))
-        refused = re.search(r"Option '([^']+)' is not accepted", inner)
-        given = re.search(r"NestedArg\(key='[^']*', val='(.*)'\)\s*$", message)
-        if refused:
-            return f"unrecognized arguments: --{section}.{refused.group(1)}" + (f"={given.group(1)}" if given else "")
-        return parse_error_line(re.sub(r'^Parser key "', f'Parser key "{section}.', inner.strip()))
+    message = unwrap_class_option_error(message)  # --data.image_size=big: jsonargparse blames all of --data
+    if class_path_line := class_path_error_line(message):  # --data=no.such.Class, --data.no_such_option
+        return class_path_line
     key = re.match(r'Parser key "([^"]+)":', message)
     value = re.search(r"(?:Given|Got) value: (.*?)\s*$", message)
     expected = re.findall(r"Expected a (.+?)(?:\. Got value|\n|$)", message)

@@ -66,8 +66,8 @@ SAME_SETUP = (
     "trainer.devices",
     "trainer.num_nodes",
     "trainer.precision",
-    "data.image_size",
-    "data.batch_size",
+    "data.init_args.image_size",  # --data chooses the class: its options sit in init_args
+    "data.init_args.batch_size",
 )
 
 

@@ -3,6 +3,8 @@
 
 - :mod:`.augmentation`: the training augmentation as pure functions of ``(seed, epoch, image index)``,
   for one image or a batch, on any device;
+- :mod:`.statistics`: a data set's per-channel normalisation statistics, measured from its images;
+- :mod:`.declarations`: the checks of what a data set class declares (classes, image shape, statistics);
 - :mod:`.samplers`: the resumable training sampler and the evaluation batch sampler that gives every
   process as many batches;
 - :mod:`.datasets`: the Datasets over uint8 image arrays that the loaders read;
@@ -11,8 +13,6 @@
 """
 
 from project.toolkit.data.augmentation import (
-    CIFAR10_MEAN,
-    CIFAR10_STD,
     PADDING,
     augment,
     crop_and_flip,
@@ -29,13 +29,13 @@ from project.toolkit.data.datasets import (
     crop_and_flip_of,
 )
 from project.toolkit.data.samplers import EpochIndex, EvenBatchSampler, TrainingSampler
+from project.toolkit.data.statistics import ChannelStats, measure_channel_stats
 
 __all__ = [
-    "CIFAR10_MEAN",
-    "CIFAR10_STD",
     "PADDING",
     "AugmentKeys",
     "AugmentedImages",
+    "ChannelStats",
     "EpochIndex",
     "EvenBatchSampler",
     "ImageArrayDataModule",
@@ -47,5 +47,6 @@ __all__ = [
     "crop_and_flip",
     "crop_and_flip_of",
     "draw_crops_and_flips",
+    "measure_channel_stats",
     "to_model_input",
 ]

@@ -1,4 +1,4 @@
-"""The CIFAR augmentation as pure functions of (seed, epoch, image index), batched, on any device.
+"""The CIFAR-style augmentation as pure functions of (seed, epoch, image index), batched, on any device.
 
 The standard CIFAR augmentation is a random 32 px crop of the image padded by 4 px of zeros, then
 a horizontal flip half of the time. Here the randomness is drawn up front: one table per
@@ -7,20 +7,19 @@ a horizontal flip half of the time. Here the randomness is drawn up front: one t
 augmentation depends on nothing else -- not on which DataLoader worker loads it, nor in what order,
 nor on whether a resumed run skipped the batches before it -- and a batch of images can be
 augmented at once on the accelerator (``--data.on_device=true``) with the same result as one
-image at a time in a worker.
+image at a time in a worker. Normalisation uses the data set's own per-channel statistics
+(:mod:`.statistics`), for 1 or 3 channels.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
-# Per-channel statistics of the CIFAR-10 training set, for normalisation.
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 PADDING = 4  # px of zeros around the image before cropping: offsets 0..8 on each axis
 
 
@@ -66,22 +65,26 @@ def crop_and_flip(images: torch.Tensor, params: torch.Tensor, padding: int = PAD
     return padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]
 
 
-def to_model_input(images: torch.Tensor, image_size: int) -> torch.Tensor:
-    """uint8 images ``(..., 3, H, W)`` as the network takes them: resized (antialiased) to
-    ``image_size`` square, scaled to 0..1 and normalised with the CIFAR-10 statistics. The same
-    steps as ``v2.Compose([v2.Resize(image_size), v2.ToDtype(float32, scale=True), v2.Normalize])``,
-    for one image or a batch.
+def to_model_input(images: torch.Tensor, image_size: int, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
+    """uint8 images ``(..., C, H, W)`` as the network takes them: resized (antialiased) to
+    ``image_size`` square, scaled to 0..1 and normalised with the data set's per-channel ``mean`` and
+    ``std`` (0-1 scale, C values each). The same steps as ``v2.Compose([v2.Resize(image_size),
+    v2.ToDtype(float32, scale=True), v2.Normalize(mean, std)])``, for one image or a batch.
 
-    >>> to_model_input(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), 112).shape
+    >>> to_model_input(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), 112, (0.5,) * 3, (0.25,) * 3).shape
     torch.Size([2, 3, 112, 112])
+    >>> to_model_input(torch.full((1, 1, 8, 8), 255, dtype=torch.uint8), 4, [0.5], [0.25]).unique().tolist()
+    [2.0]
     """
     if images.shape[-2:] != (image_size, image_size):
         images = F.resize(images, [image_size, image_size], antialias=True)
-    return F.normalize(F.to_dtype(images, torch.float32, scale=True), CIFAR10_MEAN, CIFAR10_STD)
+    return F.normalize(F.to_dtype(images, torch.float32, scale=True), list(mean), list(std))
 
 
-def augment(images: torch.Tensor, params: torch.Tensor, image_size: int) -> torch.Tensor:
+def augment(
+    images: torch.Tensor, params: torch.Tensor, image_size: int, mean: Sequence[float], std: Sequence[float]
+) -> torch.Tensor:
     """Training images ready for the network: :func:`crop_and_flip` at the native size (the same
     distribution as augmenting after the upscale, at a fraction of the cost), then
     :func:`to_model_input`."""
-    return to_model_input(crop_and_flip(images, params), image_size)
+    return to_model_input(crop_and_flip(images, params), image_size, mean, std)

@@ -1,13 +1,16 @@
 """A LightningDataModule for any image classification set that fits in memory as uint8 arrays.
 
 A data set is a small subclass of :class:`ImageArrayDataModule` that says how to get its arrays
-(``num_classes``, ``image_shape``, :meth:`~ImageArrayDataModule.load_split`, and
-:meth:`~ImageArrayDataModule.prepare_files` if it downloads); :class:`project.data.CIFAR10DataModule`
+(``num_classes``, ``image_shape``, :meth:`~ImageArrayDataModule.load_split`, optionally ``mean``/``std``,
+and :meth:`~ImageArrayDataModule.prepare_files` if it downloads); :class:`project.data.CIFAR10DataModule`
 is one. Everything else is here, the same for every data set:
 
 - ``batch_size`` is the GLOBAL batch: the data module splits it across the processes of the run,
   and refuses one that does not divide;
 - a seeded validation split held out of the training images, apart from the training seed;
+- normalisation with the data set's per-channel statistics: declared, or measured once from the
+  training split (:mod:`~project.toolkit.data.statistics`); grey (1-channel) or colour (3) images,
+  and a data set class's declarations checked when it is built (:mod:`~project.toolkit.data.declarations`);
 - ``synthetic=True``: random images of the data set's shape, with no disk and no network;
 - training that is reproducible whatever the number of DataLoader workers, and can resume in the
   middle of an epoch: the order of an epoch and the augmentation of every image depend only on
@@ -36,7 +39,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from project.toolkit.data.augmentation import augment, to_model_input
 from project.toolkit.data.datasets import AugmentedImages, AugmentKeys, ImageArrayDataset, IndexBatches, Indices
+from project.toolkit.data.declarations import check_declarations
 from project.toolkit.data.samplers import EvenBatchSampler, TrainingSampler
+from project.toolkit.data.statistics import ChannelStats, measure_channel_stats
 from project.toolkit.errors import DataError
 from project.toolkit.log import get_logger
 
@@ -44,12 +49,13 @@ log = get_logger(__name__)
 
 
 class ImageArrayDataModule(LightningDataModule):
-    """An image classification set held in memory as uint8 ``(N, H, W, 3)`` arrays, for training
-    on one process or many, with DataLoader workers or on the accelerator.
+    """An image classification set held in memory as uint8 ``(N, H, W, C)`` arrays (C is 1 or 3), for
+    training on one process or many, with DataLoader workers or on the accelerator.
 
-    A subclass is one data set: it sets ``num_classes`` and ``image_shape`` and defines
-    :meth:`load_split` (and :meth:`prepare_files` if its files can be downloaded). Its docstring's
-    ``Args`` may restate the options below in the data set's terms: the CLI shows the subclass's.
+    A subclass is one data set: it sets ``num_classes`` and ``image_shape`` (and ``mean`` and ``std``
+    if it knows them) and defines :meth:`load_split` (and :meth:`prepare_files` if its files can be
+    downloaded). Its docstring's ``Args`` may restate the options below in the data set's terms: the
+    CLI shows the subclass's.
 
     Args:
         data_dir: Folder that holds (or will hold) the data set's files.
@@ -74,7 +80,13 @@ class ImageArrayDataModule(LightningDataModule):
     num_classes: int
     """How many classes; the CLI links it to ``model.num_classes``, so it is never typed twice."""
     image_shape: tuple[int, int, int]
-    """``(height, width, channels)`` of one image as :meth:`load_split` gives it; the synthetic data's too."""
+    """``(height, width, channels)`` of one image as :meth:`load_split` gives it, channels 1 or 3; the
+    synthetic data's too."""
+    mean: tuple[float, ...] | None = None
+    """Per-channel mean of the training images on the 0-1 scale; None: measured in :meth:`setup`."""
+    std: tuple[float, ...] | None = None
+    """Per-channel standard deviation of the training images on the 0-1 scale; None: measured in
+    :meth:`setup`, with ``mean``, from the training split (after the validation hold-out)."""
 
     @property
     def in_channels(self) -> int:
@@ -95,6 +107,8 @@ class ImageArrayDataModule(LightningDataModule):
         on_device: bool = False,
     ) -> None:
         super().__init__()
+        # What normalises the images: the class's declaration, else measured in setup (the same on every rank).
+        self.channel_stats: ChannelStats | None = check_declarations(type(self))
         for name, value, low in (
             ("image_size", image_size, 1),
             ("batch_size", batch_size, 1),
@@ -113,7 +127,7 @@ class ImageArrayDataModule(LightningDataModule):
         self.data_dir = Path(data_dir)
         self.label_names: list[str] = [str(i) for i in range(self.num_classes)]
         self._datasets: dict[str, ImageArrayDataset] = {}
-        # on_device: each split's images (uint8, N x 3 x H x W) and labels on the accelerator
+        # on_device: each split's images (uint8, N x C x H x W) and labels on the accelerator
         self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- what a data set says: how to get its arrays -------------------------------------------
@@ -164,22 +178,47 @@ class ImageArrayDataModule(LightningDataModule):
         size = self.hparams.image_size
         if stage in ("fit", "validate") and "train" not in self._datasets:
             images, labels = self._load(train=True)
-            if not 0 <= self.hparams.val_size < len(images):
-                raise DataError(
-                    f"data.val_size={self.hparams.val_size} is not allowed: it must lie between 0 (no validation) "
-                    f"and {len(images) - 1} (the data set has {len(images)} training images)"
-                )
-            order = np.random.default_rng(self.hparams.split_seed).permutation(len(images))
-            val, train = order[: self.hparams.val_size], order[self.hparams.val_size :]
-            self._datasets["train"] = AugmentedImages(images[train], labels[train], size)
-            self._datasets["val"] = ImageArrayDataset(
-                images[val], labels[val], partial(to_model_input, image_size=size)
-            )
+            train, val = self._split(len(images))
+            mean, std = self._normalisation_stats(images, train)
+            self._datasets["train"] = AugmentedImages(images[train], labels[train], size, mean, std)
+            self._datasets["val"] = ImageArrayDataset(images[val], labels[val], self._evaluation_transform())
         if stage in ("test", "predict") and "test" not in self._datasets:
-            test = ImageArrayDataset(*self._load(train=False), partial(to_model_input, image_size=size))
-            self._datasets["test"] = test
+            if self.channel_stats is None:  # the statistics the model was trained with: the training split's
+                images, _ = self._load(train=True)
+                self._normalisation_stats(images, self._split(len(images))[0])
+            self._datasets["test"] = ImageArrayDataset(*self._load(train=False), self._evaluation_transform())
         if self.hparams.on_device:
             self._move_to_device({"fit": ("train", "val"), "validate": ("val",)}.get(stage, ("test",)))
+
+    def _split(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(training, validation)`` indices of the ``count`` training images: the seeded hold-out."""
+        if not 0 <= self.hparams.val_size < count:
+            raise DataError(
+                f"data.val_size={self.hparams.val_size} is not allowed: it must lie between 0 (no validation) "
+                f"and {count - 1} (the data set has {count} training images)"
+            )
+        order = np.random.default_rng(self.hparams.split_seed).permutation(count)
+        return order[self.hparams.val_size :], order[: self.hparams.val_size]
+
+    def _normalisation_stats(self, images: np.ndarray, train: np.ndarray) -> ChannelStats:
+        """The statistics that normalise the images: the declared ones, else measured once on the
+        training images ``images[train]`` (the same numbers on every rank, which reads the same arrays)."""
+        if self.channel_stats is None:
+            self.channel_stats = measure_channel_stats(images, train)
+            log.info(
+                "%s normalises with the statistics of its %d training images: mean=%s std=%s "
+                "(declare them as the class's mean and std to skip measuring)",
+                type(self).__name__,
+                len(train),
+                [round(v, 4) for v in self.channel_stats.mean],
+                [round(v, 4) for v in self.channel_stats.std],
+            )
+        return self.channel_stats
+
+    def _evaluation_transform(self) -> partial:
+        """One evaluation image as the network takes it: resized and normalised, not augmented."""
+        mean, std = self.channel_stats
+        return partial(to_model_input, image_size=self.hparams.image_size, mean=mean, std=std)
 
     def _move_to_device(self, splits: tuple[str, ...]) -> None:
         """on_device: copy the images and labels of ``splits`` to the accelerator, once. Lightning
@@ -206,8 +245,10 @@ class ImageArrayDataModule(LightningDataModule):
 
     def _checked(self, images: Any, labels: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
         """The arrays a data set gave, refused here, naming it, unless the pipelines can take them: the
-        loaders index uint8 ``(N, *image_shape)`` images, and the model trusts the labels (its metrics
-        do not check them every batch, which would wait on the device)."""
+        loaders index uint8 ``(N, *image_shape)`` images (grey ones may come as ``(N, H, W)``), and the
+        model trusts the labels (its metrics do not check them every batch, which would wait on the device)."""
+        if isinstance(images, np.ndarray) and images.ndim == 3 and self.image_shape[2] == 1:
+            images = images[..., None]  # a view: grey images with their one channel made explicit
         if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.shape[1:] == self.image_shape):
             shape = ", ".join(map(str, self.image_shape))
             found = f"{getattr(images, 'dtype', type(images).__name__)} of shape {getattr(images, 'shape', None)}"
@@ -300,14 +341,14 @@ class ImageArrayDataModule(LightningDataModule):
         result is converted as Lightning converts a loaded batch for the run's precision."""
         if not self.hparams.on_device:
             return batch
-        size = self.hparams.image_size
+        size, (mean, std) = self.hparams.image_size, self.channel_stats
         if self.trainer.training:
             images, labels = self._on_device["train"]
             index = batch[:, 0]
-            batch = augment(images[index], batch[:, 1:], size), labels[index]
+            batch = augment(images[index], batch[:, 1:], size, mean, std), labels[index]
         else:
             images, labels = self._on_device["test" if self.trainer.testing or self.trainer.predicting else "val"]
-            batch = to_model_input(images[batch], size), labels[batch]
+            batch = to_model_input(images[batch], size, mean, std), labels[batch]
         return self.trainer.precision_plugin.convert_input(batch)
 
 

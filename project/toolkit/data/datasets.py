@@ -1,4 +1,4 @@
-"""The Datasets of the generic pipeline, all over images held in memory as uint8 ``(N, H, W, 3)``.
+"""The Datasets of the generic pipeline, all over images held in memory as uint8 ``(N, H, W, C)``.
 
 :class:`ImageArrayDataset` gives evaluation images; :class:`AugmentedImages` gives training images
 augmented as a function of ``(seed, epoch, image index)`` (an :class:`~project.toolkit.data.samplers.EpochIndex`
@@ -8,7 +8,7 @@ the images wait on the accelerator; :class:`IndexBatches` reads a whole batch at
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from project.toolkit.data.samplers import EpochIndex
 
 
 class ImageArrayDataset(Dataset):
-    """Images held in memory as uint8 ``(N, H, W, 3)`` with integer labels; each item is a
+    """Images held in memory as uint8 ``(N, H, W, C)`` with integer labels; each item is a
     ``(C, H, W)`` tensor passed through ``transform``.
 
     >>> ds = ImageArrayDataset(np.zeros((2, 32, 32, 3), np.uint8), np.array([3, 7]))
@@ -53,27 +53,30 @@ class AugmentedImages(ImageArrayDataset):
     """The training images, each item ``key`` (an :class:`EpochIndex`) augmented with the crop and
     flip that :func:`~project.toolkit.data.augmentation.draw_crops_and_flips` gives image ``key`` in epoch
     ``key.epoch`` of a run seeded ``key.seed``: the same tensor whichever worker loads it, in
-    whatever order, and the same as ``--data.on_device=true`` makes of it.
+    whatever order, and the same as ``--data.on_device=true`` makes of it. ``mean`` and ``std``: the
+    data set's per-channel statistics, which normalise it.
 
-    >>> ds = AugmentedImages(np.zeros((3, 32, 32, 3), np.uint8), np.array([3, 7, 1]), image_size=48)
+    >>> ds = AugmentedImages(np.zeros((3, 32, 32, 1), np.uint8), np.array([3, 7, 1]), 48, mean=[0.5], std=[0.2])
     >>> image, label = ds[EpochIndex(1, seed=0, epoch=0)]
     >>> tuple(image.shape), label
-    ((3, 48, 48), 7)
+    ((1, 48, 48), 7)
     """
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, image_size: int) -> None:
+    def __init__(
+        self, images: np.ndarray, labels: np.ndarray, image_size: int, mean: Sequence[float], std: Sequence[float]
+    ) -> None:
         super().__init__(images, labels)
-        self.image_size = image_size
+        self.image_size, self.mean, self.std = image_size, mean, std
 
     def __getitem__(self, key: EpochIndex) -> tuple[torch.Tensor, int]:
         params = torch.tensor(crop_and_flip_of(key, len(self)))[None]
         image = torch.from_numpy(self.images[key : key + 1]).permute(0, 3, 1, 2)
-        return augment(image, params, self.image_size)[0], int(self.labels[key])
+        return augment(image, params, self.image_size, self.mean, self.std)[0], int(self.labels[key])
 
 
 class Indices(Dataset):
     """For ``--data.on_device=true``: item ``i`` is just ``i``; the images wait on the accelerator
-    and :meth:`CIFAR10DataModule.on_after_batch_transfer` looks them up there.
+    and :meth:`ImageArrayDataModule.on_after_batch_transfer` looks them up there.
 
     >>> default_collate([Indices(5)[i] for i in (4, 1)]).tolist()
     [4, 1]
