@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import Setup, common_arguments, machine, plain_fit_run, publish, run
+from benchmarks._common import Setup, common_arguments, machine, parse, plain_fit_run, publish, run
 from project.toolkit.measure.tables import number
 
 RECIPE = Setup(
@@ -95,7 +95,7 @@ def summary(values: list[float]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = common_arguments("benchmarks.parity", __doc__.splitlines()[0], default_repeats=len(SEEDS))
     parser.set_defaults(threads=1)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     seeds = SEEDS[: args.repeats] if args.repeats <= len(SEEDS) else tuple(range(1, args.repeats + 1))
     started = time.perf_counter()
     print(f"parity: {machine(args.threads)}; seeds {', '.join(map(str, seeds))}", flush=True)
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     notes = (
         f"test accuracy on the 360 test digits; recipe: {RECIPE.arch} at {RECIPE.image_size} px, batch "
         f"{RECIPE.batch_size}, lr {RECIPE.lr}, {RECIPE.epochs} epochs, val_size {RECIPE.val_size}; "
-        f"{machine(args.threads)}; {seconds:.0f} s"
+        f"{machine(args.threads)}; {seconds:.0f} s; command: python -m benchmarks.parity {' '.join(args.argv)}"
     )
     report: dict[str, Any] = {
         "machine": machine(args.threads),
