@@ -64,13 +64,22 @@ fit: $(VENV)/.installed  ## train the default job (configs/default.yaml)
 test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included
 	$(PY) -m pytest $(ARGS)
 
-# Template vs plain PyTorch: training overhead, inference, input pipeline (under 10 minutes on 2 CPU
-# cores). Results in benchmarks/results/perf/; each script's last line is its headline ratio.
-.PHONY: bench-perf
-bench-perf: $(VENV)/.installed-dev  ## the three performance benchmarks (ARGS go to each, e.g. --repeats 3)
+# Template vs plain PyTorch, both with default options: training overhead, inference, input paths (about
+# 15 minutes on 2 CPU cores). Results in benchmarks/results/perf/; each script's last line is its headline.
+.PHONY: bench-perf bench-parity
+bench-perf: $(VENV)/.installed-dev  ## the three performance benchmarks (ARGS go to each, e.g. --repeats 4)
 	$(PY) -m benchmarks.overhead $(ARGS)
 	$(PY) -m benchmarks.inference $(ARGS)
 	$(PY) -m benchmarks.input $(ARGS)
+
+$(VENV)/.installed-parity: pyproject.toml
+	$(call install,$(VENV),[dev,parity])
+	touch $@ $(VENV)/.installed $(VENV)/.installed-dev
+
+# Learning parity: the template and the plain loop with the same recipe on scikit-learn's digits, 3 seeds
+# (about 20 minutes on 2 CPU cores). Results in benchmarks/results/perf/parity.{md,json}.
+bench-parity: $(VENV)/.installed-parity  ## same test accuracy as the plain loop? (benchmarks/parity.py)
+	$(PY) -m benchmarks.parity $(ARGS)
 
 # Every CUDA path (precisions, compile, on-device data, ddp/fsdp/dp/deepspeed on one GPU, test/predict/resume from
 # a checkpoint, the NaN guard, the timing callback's cost) on this machine's GPU, in minutes, on synthetic data.

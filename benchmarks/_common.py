@@ -26,6 +26,7 @@ steps, which a median ignores and a mean or an epoch total does not.
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import json
 import os
@@ -46,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "perf"
 SUBPROCESS_TIMEOUT_S = 600
 SEED = 42  # the template's seed_everything default
+DEFAULT_DATA = "project.data.CIFAR10DataModule"  # the template's default data set, here synthetic
 
 
 # --------------------------------------------------------------------------- what is run
@@ -55,20 +57,32 @@ SEED = 42  # the template's seed_everything default
 class Setup:
     """One configuration, run identically by the template and by the plain loop.
 
-    ``train_batches`` steps per epoch (the training set is ``train_batches * batch_size`` images),
-    one validation batch per epoch, ``test_batches`` test batches.
+    ``train_batches`` steps per epoch (None: the whole training set), one validation batch per epoch
+    (``val_size``: None) or the data set's validation split, ``test_batches`` test batches (None: all).
+    The data is synthetic CIFAR-shaped images unless ``data`` names another data module; the template
+    runs with its defaults for everything not named here -- the input path (``on_device`` and
+    ``num_workers`` ``auto``) included, unless ``on_device`` / ``num_workers`` are given.
     """
 
     arch: str = "mobilenet_v2"
     image_size: int = 112
     batch_size: int = 32
-    train_batches: int = 4
+    train_batches: int | None = 4
     epochs: int = 3
-    test_batches: int = 4
+    test_batches: int | None = 4
     precision: str = "32-true"
     channels_last: bool = True
     compile: bool = False
-    num_workers: int | None = None  # None: the data module's default
+    num_workers: int | None = None  # None: the template's default (auto)
+    on_device: bool | None = None  # None: the template's default (auto)
+    data: str = DEFAULT_DATA  # the data module's class; the default: synthetic CIFAR-10
+    val_size: int | None = None  # None: one batch
+    lr: float = 0.1  # the template's default peak learning rate
+    seed: int = SEED
+
+    @property
+    def synthetic(self) -> bool:
+        return self.data == DEFAULT_DATA
 
     @property
     def label(self) -> str:
@@ -78,40 +92,40 @@ class Setup:
         return f"{self.arch}@{self.image_size}" + "".join(f" {o}" for o in options)
 
     def data_module(self, batch_size: int | None = None) -> Any:
-        """The template's data module on this setup's synthetic data."""
-        from project.data import CIFAR10DataModule
-
-        return CIFAR10DataModule(**self.data_options(batch_size))
+        """The template's data module with this setup's options."""
+        module, _, name = self.data.rpartition(".")
+        return getattr(importlib.import_module(module), name)(**self.data_options(batch_size))
 
     def data_options(self, batch_size: int | None = None) -> dict[str, Any]:
-        """Synthetic data with one validation batch, and a test set of exactly ``test_batches``
-        batches of ``batch_size`` (the data module makes a fifth of ``synthetic_size`` its test set)."""
-        train = (self.train_batches + 1) * self.batch_size
-        test = self.test_batches * (batch_size or self.batch_size)
-        options = {
-            "synthetic": True,
-            "synthetic_size": max(train, 5 * test),
-            "val_size": self.batch_size,
-            "image_size": self.image_size,
-            "batch_size": batch_size or self.batch_size,
-        }
-        if self.num_workers is not None:
-            options["num_workers"] = self.num_workers
+        """The data module's options. Synthetic data: one validation batch, and a test set of exactly
+        ``test_batches`` batches of ``batch_size`` (the data module makes a fifth of ``synthetic_size``
+        its test set)."""
+        options: dict[str, Any] = {"image_size": self.image_size, "batch_size": batch_size or self.batch_size}
+        if self.synthetic:
+            train = ((self.train_batches or 4) + 1) * self.batch_size
+            test = (self.test_batches or 4) * (batch_size or self.batch_size)
+            options.update(synthetic=True, synthetic_size=max(train, 5 * test))
+        options["val_size"] = self.batch_size if self.val_size is None else self.val_size
+        for name in ("num_workers", "on_device"):
+            if getattr(self, name) is not None:
+                options[name] = getattr(self, name)
         return options
 
     def cli_args(self, batch_size: int | None = None) -> list[str]:
         """The same setup as ``python -m project`` options."""
         data = self.data_options(batch_size)
+        limits = [("train", self.train_batches), ("test", self.test_batches), ("predict", self.test_batches)]
         return [
+            *([f"--data={self.data}"] if not self.synthetic else []),
             *(f"--data.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in data.items()),
+            f"--seed_everything={self.seed}",
             f"--model.arch={self.arch}",
+            f"--model.lr={self.lr}",
             f"--model.channels_last={str(self.channels_last).lower()}",
             f"--model.compile={str(self.compile).lower()}",
             f"--trainer.precision={self.precision}",
             f"--trainer.max_epochs={self.epochs}",
-            f"--trainer.limit_train_batches={self.train_batches}",
-            f"--trainer.limit_test_batches={self.test_batches}",
-            f"--trainer.limit_predict_batches={self.test_batches}",
+            *(f"--trainer.limit_{stage}_batches={n}" for stage, n in limits if n is not None),
             f"--trainer.accelerator={'gpu' if torch.cuda.is_available() else 'cpu'}",
             "--trainer.devices=1",
         ]
@@ -162,10 +176,10 @@ def template(stage: str, setup: Setup, folder: Path, threads: int, batch_size: i
     return timing
 
 
-def plain_fit_run(setup: Setup, out: Path, threads: int) -> dict[str, Any]:
+def plain_fit_run(setup: Setup, out: Path, threads: int, test: bool = False) -> dict[str, Any]:
     """:func:`benchmarks.plain.plain_fit` in a fresh process; returns what it measured (also written
-    to ``out``)."""
-    return _plain("fit", [{"setup": asdict(setup)}], out, threads)[0]
+    to ``out``), with ``test``: its test accuracy under ``"test_acc"``."""
+    return _plain("fit", [{"setup": asdict(setup), "test": test}], out, threads)[0]
 
 
 def plain_infer_run(jobs: list[tuple[Setup, int, bool]], out: Path, threads: int) -> list[dict[str, Any]]:
@@ -182,6 +196,15 @@ def _plain(task: str, specs: list[dict[str, Any]], out: Path, threads: int) -> l
 
 
 # --------------------------------------------------------------------------- reading the numbers
+
+
+CLOCKS = ("wall", "cpu")
+
+
+def on(clock: dict[str, Any], which: str) -> dict[str, Any]:
+    """The stamps of one clock: ``wall`` (``perf_counter`` after waiting for the device) or ``cpu``
+    (the process's CPU seconds, all its threads), in the same layout."""
+    return clock["cpu"] if which == "cpu" else clock
 
 
 def steady_epoch_wall(clock: dict[str, Any]) -> float:
@@ -238,30 +261,46 @@ def publish_comparison(
     rows: list[list[str]],
     started: float,
     goal: float,
+    extra: tuple[list[str], list[list[str]]] | None = None,
 ) -> None:
     """Publish a template/plain comparison begun at ``started`` (``time.perf_counter``) with, as the
-    headline, its worst case's ratio against ``goal``."""
+    headline, its worst case's ratio against ``goal``; ``extra``: a second table (header, rows)."""
     worst = min(cases, key=lambda case: case["ratio"])
     status = "met" if worst["ratio"] >= goal else "MISSED"
     headline = (
-        f"{name}: min template/plain {what} ratio {worst['ratio']:.3f} ({worst['case']}; "
+        f"{name}: min template/plain {what} ratio {worst['ratio']:.3f} on the {args.clock} clock ({worst['case']}; "
         f"repeats of one side differ by up to {100 * worst['spread']:.0f} %); goal >= {goal}: {status}"
     )
     seconds = time.perf_counter() - started
     where = machine(args.threads)
-    notes = f"{where}; {args.repeats} alternations per case; {seconds:.0f} s"
-    publish(args.out, name, {"machine": where, "seconds": seconds, "cases": cases}, header, rows, notes, headline)
+    notes = (
+        f"{where}; {args.repeats} alternations per case; {seconds:.0f} s; command: python -m "
+        f"{args.module} {' '.join(args.argv)}".rstrip()
+    )
+    report = {"machine": where, "seconds": seconds, "command": f"python -m {args.module} {' '.join(args.argv)}"}
+    report.update(clock=args.clock, threads=args.threads, repeats=args.repeats, cases=cases)
+    publish(args.out, name, report, header, rows, notes, headline, extra)
 
 
 def publish(
-    out: Path, name: str, report: dict[str, Any], header: list[str], rows: list[list[str]], notes: str, headline: str
+    out: Path,
+    name: str,
+    report: dict[str, Any],
+    header: list[str],
+    rows: list[list[str]],
+    notes: str,
+    headline: str,
+    extra: tuple[list[str], list[list[str]]] | None = None,
 ) -> None:
     """Write ``<name>.json`` (``report`` and the headline) and ``<name>.md`` under ``out``, and print
-    the table, the notes and, as the last line, the headline."""
+    the table (and the ``extra`` one), the notes and, as the last line, the headline."""
+    tables = [(header, rows), *([extra] if extra else [])]
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({**report, "headline": headline}, indent=2) + "\n")
-    (out / f"{name}.md").write_text(f"{markdown_table(header, rows)}\n\n{notes}\n\n{headline}\n")
-    print(text_table(header, rows))
+    markdown = "\n\n".join(markdown_table(h, r) for h, r in tables)
+    (out / f"{name}.md").write_text(f"{markdown}\n\n{notes}\n\n{headline}\n")
+    for h, r in tables:
+        print(text_table(h, r))
     print(notes)
     print(headline)
 
@@ -269,6 +308,7 @@ def publish(
 def common_arguments(module: str, description: str, default_repeats: int) -> argparse.ArgumentParser:
     """The options every benchmark has; ``module`` is how it is started (``benchmarks.overhead``)."""
     parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    parser.set_defaults(module=module)
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
     parser.add_argument(
         "--repeats", type=int, default=default_repeats, help="alternations of template and plain loop per case"
@@ -283,4 +323,21 @@ def common_arguments(module: str, description: str, default_repeats: int) -> arg
         help="intra-op threads (OMP_NUM_THREADS) of both sides; 0: torch's default, one per core "
         "(default: 1 on a CPU-only machine, else 0)",
     )
+    # The CPU clock on a CPU: with one intra-op thread and no worker processes, the CPU seconds a step
+    # costs its process hardly change when other work shares the cores, while its wall time doubles.
+    # Both are measured and shown; this one decides the headline.
+    parser.add_argument(
+        "--clock",
+        choices=CLOCKS,
+        default="wall" if torch.cuda.is_available() else "cpu",
+        help="the clock of the headline ratio: wall (perf_counter after waiting for the device) or cpu (the "
+        "process's CPU seconds, all threads; for a CPU-only run). Default: cpu on a CPU-only machine, else wall",
+    )
     return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The parsed options, with the arguments given (``argv``) kept to be written beside the results."""
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return args

@@ -177,6 +177,8 @@ def check_paths(batches: int = CHECK_BATCHES) -> list[CheckPath]:
         CheckPath("channels-last-off", "NCHW activations", (_fit("--model.channels_last=false"),)),
         CheckPath("compile", "torch.compile (inductor, Triton kernels)", (_fit("--model.compile=true"),)),
         CheckPath("on-device", "data set on the GPU, augmented there", (_fit("--data.on_device=true"),)),
+        # The default (on_device=auto) keeps a CIFAR-sized set on the GPU: the DataLoader path needs its own run.
+        CheckPath("loader", "DataLoader workers feeding the GPU, pinned memory", (_fit("--data.on_device=false"),)),
         CheckPath("ddp-1", "DDP on 1 GPU (NCCL)", (_fit("--trainer.strategy=ddp"),)),
         CheckPath("fsdp-1", "FSDP2 on 1 GPU", (_fit("--trainer.strategy=fsdp"),)),
         CheckPath("dp-1", "DataParallel on 1 GPU", (_fit("--trainer.strategy=dp", checks=(printed(DP_SINGLE),)),)),

@@ -36,12 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import (
+    CLOCKS,
     Setup,
     best,
     common_arguments,
     eval_latency,
     eval_step_cycle,
     machine,
+    on,
+    parse,
     plain_infer_run,
     publish_comparison,
     spread,
@@ -51,71 +54,74 @@ from project.toolkit.measure.tables import number
 
 GOAL = 0.98
 WARMUP_BATCHES = 3  # the TimingCallback's default warmup_iterations
-BASE = Setup("mobilenet_v2", image_size=112, batch_size=64, test_batches=7)
+# Small images on a CPU: the shortest steps, where per-batch host work weighs the most.
+MOBILENET = Setup("mobilenet_v2", image_size=32, batch_size=128, test_batches=8)
+RESNET = Setup("resnet50", image_size=32, batch_size=64, test_batches=8)
+LATENCY = replace(MOBILENET, test_batches=40)
 # (name, stage, setup, evaluation batch size, what is compared)
 CASES = [
-    ("test", "test", BASE, 64, "throughput"),
-    ("predict", "predict", BASE, 64, "throughput"),
-    ("test batch 1", "test", replace(BASE, test_batches=40), 1, "latency"),
-    ("predict batch 1", "predict", replace(BASE, test_batches=40), 1, "latency"),
+    ("test mobilenet_v2", "test", MOBILENET, 128, "throughput"),
+    ("predict mobilenet_v2", "predict", MOBILENET, 128, "throughput"),
+    ("test resnet50", "test", RESNET, 64, "throughput"),
+    ("test batch 1", "test", LATENCY, 1, "latency"),
+    ("predict batch 1", "predict", LATENCY, 1, "latency"),
 ]
 OPTION_CASES = [
-    ("test contiguous", "test", replace(BASE, channels_last=False), 64, "throughput"),
-    ("test bf16-mixed", "test", replace(BASE, precision="bf16-mixed"), 64, "throughput"),
+    ("test contiguous", "test", replace(MOBILENET, channels_last=False), 128, "throughput"),
+    ("test bf16-mixed", "test", replace(MOBILENET, precision="bf16-mixed"), 128, "throughput"),
 ]
 
 
-def speed(result: dict[str, Any], batch_size: int, kind: str) -> float:
-    """Images per second (throughput) or batches per second at the median latency (latency)."""
+def speed(result: dict[str, Any], batch_size: int, kind: str, clock: str) -> float:
+    """Images per second (throughput) or batches per second at the median latency (latency), on ``clock``."""
+    stamps = on(result["clock"], clock)
     if kind == "throughput":
-        return batch_size / eval_step_cycle(result["clock"], WARMUP_BATCHES)
-    return 1 / eval_latency(result["clock"], WARMUP_BATCHES)
+        return batch_size / eval_step_cycle(stamps, WARMUP_BATCHES)
+    return 1 / eval_latency(stamps, WARMUP_BATCHES)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = common_arguments("benchmarks.inference", __doc__.splitlines()[0], default_repeats=2)
+    parser = common_arguments("benchmarks.inference", __doc__.splitlines()[0], default_repeats=3)
     parser.add_argument("--options", action="store_true", help="also measure channels_last=false and bf16-mixed")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     cases = CASES + (OPTION_CASES if args.options else [])
     started = time.perf_counter()
     print(f"inference: {machine(args.threads)}", flush=True)
-    speeds: dict[str, dict[str, list[float]]] = {name: {"plain": [], "template": []} for name, *_ in cases}
+    sides = ("plain", "template")
+    speeds = {name: {c: {side: [] for side in sides} for c in CLOCKS} for name, *_ in cases}
     with tempfile.TemporaryDirectory(prefix="inference-") as work:
         for repeat in range(args.repeats):
-            order = ("plain", "template") if repeat % 2 == 0 else ("template", "plain")
-            for side in order:
+            for side in sides if repeat % 2 == 0 else sides[::-1]:
                 if side == "plain":
                     jobs = [(setup, batch, stage == "predict") for _, stage, setup, batch, _ in cases]
                     results = plain_infer_run(jobs, Path(work) / f"plain-{repeat}.json", args.threads)
                 else:
                     results = [
-                        template(stage, setup, Path(work) / f"{name.replace(' ', '_')}-{repeat}", args.threads, batch)
+                        template(stage, setup, Path(work) / f"{name.replace(' ', '-')}-{repeat}", args.threads, batch)
                         for name, stage, setup, batch, _ in cases
                     ]
                 for (name, _, _, batch, kind), result in zip(cases, results, strict=True):
-                    speeds[name][side].append(speed(result, batch, kind))
-                print(f"  #{repeat} {side}: " + ", ".join(f"{n} {speeds[n][side][-1]:.1f}" for n in speeds), flush=True)
+                    for c in CLOCKS:
+                        speeds[name][c][side].append(speed(result, batch, kind, c))
+                said = ", ".join(f"{n} {speeds[n][args.clock][side][-1]:.1f}" for n in speeds)
+                print(f"  #{repeat} {side} ({args.clock} clock): {said}", flush=True)
     rows, report = [], []
     for name, stage, setup, batch, kind in cases:
-        plain_best, template_best = best(speeds[name]["plain"]), best(speeds[name]["template"])
-        entry = {
-            "case": name,
-            "stage": stage,
-            "kind": kind,
-            "setup": setup.__dict__,
-            "batch_size": batch,
-            "speeds": speeds[name],
-            "ratio": template_best / plain_best,
-            "spread": max(spread(speeds[name][side]) for side in ("plain", "template")),
-        }
+        entry: dict[str, Any] = {"case": name, "stage": stage, "kind": kind, "setup": setup.__dict__}
+        entry.update(batch_size=batch, speeds=speeds[name])
+        for c in CLOCKS:
+            plain_best, template_best = (best(speeds[name][c][side]) for side in sides)
+            entry[f"{c}_ratio"] = template_best / plain_best
+            entry[f"{c}_spread"] = max(spread(speeds[name][c][side]) for side in sides)
+            if kind == "throughput":
+                values = [number(plain_best), number(template_best), "images/s"]
+            else:  # shown as the latency itself, in ms
+                values = [number(1000 / plain_best, 2), number(1000 / template_best, 2), "ms (p50)"]
+            ratio, spread_of = number(entry[f"{c}_ratio"], 3), f"{100 * entry[f'{c}_spread']:.0f} %"
+            rows.append([name, setup.label, str(batch), c, *values, ratio, spread_of])
+        entry.update(ratio=entry[f"{args.clock}_ratio"], spread=entry[f"{args.clock}_spread"])
         report.append(entry)
-        if kind == "throughput":
-            values = [number(plain_best), number(template_best), "images/s"]
-        else:  # shown as the latency itself, in ms
-            values = [number(1000 / plain_best, 2), number(1000 / template_best, 2), "ms (p50)"]
-        spread = f"{100 * entry['spread']:.0f} %"
-        rows.append([name, setup.label, str(batch), *values, number(entry["ratio"], 3), spread])
-    header = ["case", "model", "batch", "plain", "template", "unit", "ratio", "repeat spread"]
+    header = ["case", "model", "batch", "clock", "plain", "template", "unit", "ratio", "repeat spread"]
     publish_comparison(args, "inference", "speed", report, header, rows, started, GOAL)
 
 

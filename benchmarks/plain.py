@@ -1,7 +1,15 @@
 """The plain PyTorch loops the template is compared with: the training and evaluation loops a careful
-user writes (:func:`plain_fit`, :func:`plain_infer`), on the same data module, network, optimizer
-and schedule as the template, stamped at the same instants as
-:class:`project.toolkit.measure.stamps.StepStamps` stamps the template.
+user writes (:func:`plain_fit`, :func:`plain_infer`), given the template's recipe -- network, SGD with
+Nesterov momentum and weight decay, linear warm-up then cosine stepped every iteration, cross-entropy,
+the crop-and-flip augmentation, the same split of the same images -- and stamped at the same instants
+as :class:`project.toolkit.measure.stamps.StepStamps` stamps the template.
+
+The input is what a plain loop does best with a data set that fits in memory: the images held as one
+uint8 tensor on the device (on a CPU: in memory), each batch indexed out of it and augmented at once in
+the training process (:func:`project.toolkit.data.augmentation.augment`, plain tensor operations: a
+gather for the crop and flip, a resize, a normalisation), with no DataLoader. The order of each epoch
+and the crops and flips are drawn from a torch generator of the loop's own (seeded by the setup's
+seed): the same distributions as the template's, other draws.
 
 Each runs in a fresh process of its own, started by :func:`benchmarks._common.plain_fit_run` or
 :func:`~benchmarks._common.plain_infer_run` as ``python -m benchmarks.plain fit|infer '<json list>'
@@ -13,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -22,19 +31,42 @@ from lightning.pytorch import seed_everything
 from torch import nn
 from torch.nn import functional as F
 
-from benchmarks._common import SEED, Setup
+from benchmarks._common import Setup
+from project.toolkit.data.augmentation import PADDING, augment, to_model_input
 from project.toolkit.measure.devices import SyncingClock, synchronizer
 
 
-def build_net(setup: Setup, device: torch.device) -> nn.Module:
+def build_net(setup: Setup, device: torch.device, num_classes: int = 10) -> nn.Module:
     from project.nets import build_network
 
-    net = build_network(setup.arch, 10).to(device)
+    net = build_network(setup.arch, num_classes).to(device)
     if setup.channels_last:
         net = net.to(memory_format=torch.channels_last)
     if setup.compile:
         net.compile()
     return net
+
+
+def clock_of(device: torch.device) -> Any:
+    """A function returning ``(wall, cpu)`` seconds: ``perf_counter()`` after waiting for the device, and
+    the process's CPU time, as :class:`~project.toolkit.measure.stamps.StepStamps` stamps the template."""
+    mark = SyncingClock(synchronizer(device)).mark
+    return lambda: (mark(), time.process_time())
+
+
+def as_layout(stamps: Any, which: int = 0) -> Any:
+    """Stamps recorded as ``(wall, cpu)`` pairs, in StepStamps' layout: the wall times, with the CPU times
+    under ``"cpu"``."""
+
+    def pick(value: Any) -> Any:
+        if isinstance(value, tuple):
+            return value[which]
+        if isinstance(value, list):
+            return [pick(v) for v in value]
+        return value
+
+    picked = {key: pick(value) for key, value in stamps.items()}
+    return {**picked, "cpu": as_layout(stamps, 1)} if which == 0 else picked
 
 
 def autocast(setup: Setup, device: torch.device) -> AbstractContextManager:
@@ -45,18 +77,50 @@ def autocast(setup: Setup, device: torch.device) -> AbstractContextManager:
     return nullcontext()
 
 
-def to_device(images: torch.Tensor, labels: torch.Tensor, setup: Setup, device: torch.device) -> tuple:
-    memory_format = torch.channels_last if setup.channels_last else torch.preserve_format
-    images = images.to(device, non_blocking=True, memory_format=memory_format)
-    return images, labels.to(device, non_blocking=True)
+class InMemory:
+    """One split of the data set as uint8 ``(N, C, H, W)`` images and labels on ``device``, batched by
+    indexing: the plain loop's whole input pipeline."""
+
+    def __init__(self, images: Any, labels: Any, device: torch.device, stats: Any) -> None:
+        self.images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous().to(device)
+        self.labels = torch.from_numpy(labels).to(device)
+        self.mean, self.std = stats  # the data set's normalisation, as the template uses it
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def batches(self, batch_size: int, image_size: int, setup: Setup) -> Any:
+        """Evaluation batches in order, every image once: resized and normalised, channels_last."""
+        for start in range(0, len(self), batch_size):
+            index = slice(start, start + batch_size)
+            images = to_model_input(self.images[index], image_size, self.mean, self.std)
+            yield as_input(images, setup), self.labels[index]
 
 
-def plain_fit(setup: Setup, out: Path) -> dict[str, Any]:
-    """The training loop a careful user writes: SGD (Nesterov momentum, weight decay) with the
-    template's warm-up + cosine schedule stepped every iteration, channels_last, zero_grad with
-    ``set_to_none``, loss and accuracy summed on the device and read once per epoch, a validation
-    batch under ``inference_mode`` before training and after every epoch, and a checkpoint (model,
-    optimizer, schedule) every epoch.
+def as_input(images: torch.Tensor, setup: Setup) -> torch.Tensor:
+    return images.contiguous(memory_format=torch.channels_last) if setup.channels_last else images
+
+
+def splits(setup: Setup, device: torch.device, stage: str, batch_size: int | None = None) -> dict[str, InMemory]:
+    """The splits of the setup's data set that ``stage`` needs, as the template's data module splits them
+    (its seeded validation split): its arrays are read through the module, the loaders are not used."""
+    data = setup.data_module(batch_size)
+    data.setup(stage)
+    names = ("train", "val") if stage == "fit" else ("test",)
+    # The data module's arrays (ImageArrayDataset.images / .labels), read once.
+    return {
+        name: InMemory(data._datasets[name].images, data._datasets[name].labels, device, data.channel_stats)
+        for name in names
+    }
+
+
+def plain_fit(setup: Setup, out: Path, test: bool = False) -> dict[str, Any]:
+    """The training loop a careful user writes: the input above; SGD (Nesterov momentum, weight decay)
+    with the template's warm-up + cosine schedule stepped every iteration; channels_last;
+    ``zero_grad(set_to_none=True)``; loss and accuracy summed on the device and read once per epoch;
+    a validation pass under ``inference_mode`` before training (where the template has its sanity
+    check) and after every epoch; a checkpoint (model, optimizer, schedule) every epoch. With ``test``,
+    the test split's accuracy after the last epoch.
 
     Besides its stamps (under ``"clock"``, in the layout of :class:`~project.toolkit.measure.stamps.StepStamps`)
     it returns ``epochs`` as ``timing.json`` has them: seconds from the epoch's start to its last step
@@ -65,33 +129,39 @@ def plain_fit(setup: Setup, out: Path) -> dict[str, Any]:
     from project.toolkit.training import WarmupCosine
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    now = SyncingClock(synchronizer(device)).mark  # waits for the device, then reads the host clock
-    seed_everything(SEED, verbose=False)  # as the template: the same initial weights and order of batches
-    data = setup.data_module()
-    data.setup("fit")
-    train_loader, val_loader = data.train_dataloader(), data.val_dataloader()
-    net = build_net(setup, device)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    steps = setup.train_batches
+    now = clock_of(device)
+    seed_everything(setup.seed, verbose=False)  # as the template: seeded before the network is built
+    data = splits(setup, device, "fit")
+    train, val = data["train"], data["val"]
+    net = build_net(setup, device, setup.data_module().num_classes)
+    optimizer = torch.optim.SGD(net.parameters(), lr=setup.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    steps = len(train) // setup.batch_size  # the template drops the last incomplete batch too
+    if setup.train_batches is not None:
+        steps = min(steps, setup.train_batches)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(steps, steps * setup.epochs))
     scaler = torch.amp.GradScaler(device.type, enabled=setup.precision == "16-mixed")
+    draws = torch.Generator(device).manual_seed(setup.seed)  # the loop's own: order, crops and flips
     # Before training, as the template's sanity check does: the first evaluation has one-off costs
     # (and so does the first training step after it), which then fall before the first epoch, too.
-    evaluate_once(net, val_loader, setup, device)
+    evaluate(net, val, setup, device, batches=1)
     clock: dict[str, Any] = {"epoch_starts": [], "train_batch_ends": []}
     epochs = []
     for epoch in range(setup.epochs):
         clock["epoch_starts"].append(start := now())
-        seed_everything(SEED + epoch, verbose=False)  # as the template's ReseedEveryEpoch: the same dropout
+        seed_everything(setup.seed + epoch, verbose=False)  # as the template's ReseedEveryEpoch: dropout
         clock["train_batch_ends"].append(ends := [])
-        train_loader.sampler.set_epoch(epoch)  # the data module's sampler reshuffles by epoch
+        order = torch.randperm(len(train), generator=draws, device=device)
+        # Every image's crop offsets (0..8 on each axis) and flip for this epoch, as the template's table.
+        high = torch.tensor([2 * PADDING + 1, 2 * PADDING + 1, 2], device=device)
+        crops = (torch.rand(len(train), 3, generator=draws, device=device) * high).long()
         net.train()
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), dtype=torch.long, device=device)
-        for step, (images, labels) in enumerate(train_loader):
-            if step == steps:
-                break
-            images, labels = to_device(images, labels, setup, device)
+        for step in range(steps):
+            index = order[step * setup.batch_size : (step + 1) * setup.batch_size]
+            images = augment(train.images[index], crops[index], setup.image_size, train.mean, train.std)
+            images = as_input(images, setup)
+            labels = train.labels[index]
             with autocast(setup, device):
                 logits = net(images)
                 loss = F.cross_entropy(logits, labels)
@@ -104,47 +174,53 @@ def plain_fit(setup: Setup, out: Path) -> dict[str, Any]:
             ends.append(now())
             schedule.step()
         samples = steps * setup.batch_size
-        epochs.append({"seconds": ends[-1] - start, "samples": samples})
-        evaluate_once(net, val_loader, setup, device)
+        epochs.append({"seconds": ends[-1][0] - start[0], "samples": samples})
+        evaluate(net, val, setup, device)
         train_loss, train_acc = loss_sum.item() / samples, correct.item() / samples  # once per epoch
         checkpoint = {"net": net.state_dict(), "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict()}
         torch.save(checkpoint, out.parent / "plain-last.pt.tmp")
         os.replace(out.parent / "plain-last.pt.tmp", out.parent / "plain-last.pt")
         print(f"epoch {epoch}: loss {train_loss:.3f} acc {train_acc:.3f}", flush=True)
     clock["train_end"] = now()
-    return {"epochs": epochs, "clock": clock}
+    result: dict[str, Any] = {"epochs": epochs, "clock": as_layout(clock)}
+    if test:
+        result["test_acc"] = evaluate(net, splits(setup, device, "test")["test"], setup, device)
+    return result
 
 
-def evaluate_once(net: nn.Module, loader: Any, setup: Setup, device: torch.device) -> None:
-    """One pass over ``loader`` in eval mode under ``inference_mode``."""
+def evaluate(net: nn.Module, split: InMemory, setup: Setup, device: torch.device, batches: int | None = None) -> float:
+    """The accuracy of ``net`` on the first ``batches`` batches of ``split`` (None: all of it), in eval
+    mode under ``inference_mode``."""
     net.eval()
+    correct, seen = torch.zeros((), dtype=torch.long, device=device), 0
     with torch.inference_mode(), autocast(setup, device):
-        for images, labels in loader:
-            images, labels = to_device(images, labels, setup, device)
-            F.cross_entropy(net(images), labels)
+        for number, (images, labels) in enumerate(split.batches(setup.batch_size, setup.image_size, setup)):
+            if number == batches:
+                break
+            correct += (net(images).argmax(1) == labels).sum()
+            seen += len(labels)
     net.train()
+    return correct.item() / max(1, seen)
 
 
 def plain_infer(setup: Setup, batch_size: int, predict: bool) -> dict[str, Any]:
-    """The evaluation loop a careful user writes: eval mode, ``inference_mode``, channels_last, the
-    loss and accuracy of ``test`` summed on the device and read once at the end (``predict``: the
-    predicted classes, gathered once at the end). A batch is stamped from its arrival on the device
-    to its result, where the template's ``on_*_batch_start`` / ``on_*_batch_end`` hooks run."""
+    """The evaluation loop a careful user writes: eval mode, ``inference_mode``, channels_last, batches
+    resized and normalised in the loop, the loss and accuracy of ``test`` summed on the device and read
+    once at the end (``predict``: the predicted classes, gathered once at the end). A batch is stamped
+    from its arrival on the device ready for the network to its result, where the template's
+    ``on_*_batch_start`` / ``on_*_batch_end`` hooks run."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    now = SyncingClock(synchronizer(device)).mark  # waits for the device, then reads the host clock
-    seed_everything(SEED, verbose=False)
-    data = setup.data_module(batch_size)
-    data.setup("test")
-    loader = data.test_dataloader()
+    now = clock_of(device)
+    seed_everything(setup.seed, verbose=False)
+    test = splits(setup, device, "test", batch_size)["test"]
     net = build_net(setup, device).eval()
     batches, predictions = [], []
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), dtype=torch.long, device=device)
     with torch.inference_mode(), autocast(setup, device):
-        for step, (images, labels) in enumerate(loader):
+        for step, (images, labels) in enumerate(test.batches(batch_size, setup.image_size, setup)):
             if step == setup.test_batches:
                 break
-            images, labels = to_device(images, labels, setup, device)
             start = now()
             logits = net(images)
             if predict:
@@ -154,7 +230,7 @@ def plain_infer(setup: Setup, batch_size: int, predict: bool) -> dict[str, Any]:
                 correct += (logits.argmax(1) == labels).sum()
             batches.append([start, now(), len(labels)])
     results = torch.cat(predictions).cpu().tolist() if predict else [loss_sum.item(), correct.item()]
-    return {"results": len(results), "clock": {"eval_batches": batches}}
+    return {"results": len(results), "clock": as_layout({"eval_batches": batches})}
 
 
 def main(task: str, specs: str, out: str) -> None:
@@ -165,7 +241,7 @@ def main(task: str, specs: str, out: str) -> None:
     for spec in json.loads(specs):
         setup = Setup(**spec["setup"])
         if task == "fit":
-            results.append(plain_fit(setup, Path(out)))
+            results.append(plain_fit(setup, Path(out), test=spec.get("test", False)))
         else:
             results.append(plain_infer(setup, spec["batch_size"], spec["predict"]))
     Path(out).write_text(json.dumps(results))

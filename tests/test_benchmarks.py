@@ -10,8 +10,11 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
@@ -22,14 +25,14 @@ from torch.utils.data import DataLoader, TensorDataset
 from project.toolkit.measure.stamps import StepStamps
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = ["benchmarks.overhead", "benchmarks.inference", "benchmarks.input"]
+SCRIPTS = ["benchmarks.overhead", "benchmarks.inference", "benchmarks.input", "benchmarks.parity"]
 
 
 def without_pythonpath() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
-@pytest.mark.parametrize("name", ["benchmarks._common", "benchmarks.plain", *SCRIPTS])
+@pytest.mark.parametrize("name", ["benchmarks._common", "benchmarks.plain", "benchmarks.digits", *SCRIPTS])
 def test_every_benchmark_module_imports(name: str) -> None:
     module = importlib.import_module(name)
     assert Path(module.__file__).parent == REPO / "benchmarks"
@@ -122,15 +125,17 @@ def test_step_stamps_record_every_step_of_fit_test_and_predict(tmp_path: Path) -
     model = Tiny()
     trainer.fit(model, loader)
     written = json.loads(path.read_text())
-    (start,), (ends,) = written["epoch_starts"], written["train_batch_ends"]
-    assert len(ends) == 3 and start <= ends[0] <= ends[1] <= ends[2] <= written["train_end"]
+    for clock in (written, written["cpu"]):  # wall seconds, and the process's CPU seconds in the same layout
+        (start,), (ends,) = clock["epoch_starts"], clock["train_batch_ends"]
+        assert len(ends) == 3 and start <= ends[0] <= ends[1] <= ends[2] <= clock["train_end"]
 
     trainer.test(model, loader, verbose=False)
     trainer.predict(model, loader)
-    batches = json.loads(path.read_text())["eval_batches"]
-    assert len(batches) == 6  # three of test, then three of predict
-    assert all(start <= end and images == 5 for start, end, images in batches)
-    assert all(a[1] <= b[0] for a, b in zip(batches, batches[1:], strict=False))  # one after the other
+    written = json.loads(path.read_text())
+    for batches in (written["eval_batches"], written["cpu"]["eval_batches"]):
+        assert len(batches) == 6  # three of test, then three of predict
+        assert all(start <= end and images == 5 for start, end, images in batches)
+        assert all(a[1] <= b[0] for a, b in zip(batches, batches[1:], strict=False))  # one after the other
 
 
 @pytest.mark.slow
@@ -143,3 +148,57 @@ def test_both_sides_run_in_fresh_processes_without_pythonpath(monkeypatch: pytes
     assert len(plain["clock"]["eval_batches"]) == 3
     template = _common.template("test", setup, tmp_path / "template", threads=1)
     assert len(template["clock"]["eval_batches"]) == 3 and template["test_samples_per_second"] > 0
+
+
+def test_plain_stamps_take_the_layout_of_the_template_stamps() -> None:
+    from benchmarks.plain import as_layout
+
+    pairs = {"epoch_starts": [(1.0, 0.1)], "train_batch_ends": [[(2.0, 0.2), (3.0, 0.3)]], "train_end": (4.0, 0.4)}
+    pairs["eval_batches"] = [[(5.0, 0.5), (6.0, 0.6), 8]]
+    assert as_layout(pairs) == {
+        "epoch_starts": [1.0],
+        "train_batch_ends": [[2.0, 3.0]],
+        "train_end": 4.0,
+        "eval_batches": [[5.0, 6.0, 8]],
+        "cpu": {
+            "epoch_starts": [0.1],
+            "train_batch_ends": [[0.2, 0.3]],
+            "train_end": 0.4,
+            "eval_batches": [[0.5, 0.6, 8]],
+        },
+    }
+
+
+def test_the_template_side_runs_with_the_default_input_path_unless_told() -> None:
+    from benchmarks._common import Setup
+
+    default = Setup(image_size=32, batch_size=128).cli_args()
+    assert not any(a.startswith(("--data.on_device", "--data.num_workers", "--data=")) for a in default)
+    assert "--data.synthetic=true" in default and "--trainer.limit_train_batches=4" in default
+    digits = Setup(data="benchmarks.digits.DigitsDataModule", train_batches=None, val_size=200, on_device=False)
+    args = digits.cli_args()
+    assert args[0] == "--data=benchmarks.digits.DigitsDataModule" and "--data.on_device=false" in args
+    assert "--data.val_size=200" in args and not any(a.startswith("--trainer.limit_train") for a in args)
+    assert not any("synthetic" in a for a in args)
+
+
+def test_digits_are_upscaled_grey_in_three_channels_with_a_fixed_test_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    # scikit-learn stands in here: the suite does not need it (the parity extra installs it)
+    rng = np.random.default_rng(0)
+    digits = SimpleNamespace(images=rng.integers(0, 17, (1797, 8, 8)).astype(float), target=np.arange(1797) % 10)
+    fake = types.ModuleType("sklearn.datasets")
+    fake.load_digits = lambda: digits
+    monkeypatch.setitem(sys.modules, "sklearn", types.ModuleType("sklearn"))
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", fake)
+    from benchmarks.digits import TEST_IMAGES, DigitsDataModule, digits_arrays
+
+    images, labels = digits_arrays()
+    assert images.shape == (1797, 32, 32, 3) and images.dtype == np.uint8
+    assert (images[..., 0] == images[..., 2]).all()  # grey, copied into every channel
+    assert (images[:, :4, :4, 0] == np.rint(digits.images[:, :1, :1] * 255 / 16)).all()  # one pixel, 4 x 4
+    assert images.max() <= 255 and (images == 255).any()  # 16 is white
+    data = DigitsDataModule(image_size=32, batch_size=8, val_size=8)
+    (train, train_labels), (test, test_labels) = data.load_split(True), data.load_split(False)
+    assert len(test) == len(test_labels) == TEST_IMAGES and len(train) == len(train_labels) == 1797 - TEST_IMAGES
+    assert set(map(bytes, train)).isdisjoint(map(bytes, test))
+    assert np.array_equal(data.load_split(False)[1], test_labels)  # the same split every time

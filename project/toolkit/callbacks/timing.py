@@ -21,8 +21,10 @@ What each figure is (``timing.json`` in the run folder holds them; ``docs/timing
   there, epoch times are the ones to compare. ``sync_every_step=True`` gives the old, fully
   synchronised per-step wall times everywhere, at the cost of that overlap;
 - data wait: host time from the end of one training batch to the start of the next (the loop
-  waiting for the loader, the copy to the device, the loop's bookkeeping), as a fraction of the
-  epoch time;
+  waiting for the loader, the copy to the device, the on-device augmentation, the loop's
+  bookkeeping), as a fraction of the epoch time, beside the input path the run took
+  (``input_path``, ``num_workers``, ``input_path_reason``); above 10 % a line says so and names the
+  option that would help;
 - test / predict: per-batch latency (mean, std, p50, p90, p99; on CUDA from events as above) after
   ``warmup_iterations`` batches, per-sample latency and samples per second of that compute;
 - work: the network's FLOPs per training and per inference sample, counted once
@@ -58,7 +60,9 @@ from torch import nn
 
 from project.toolkit.compat import lightning_log_step
 from project.toolkit.data.datamodule import data_settings
+from project.toolkit.data.input_path import data_wait_advice, machine_of
 from project.toolkit.errors import ProjectError
+from project.toolkit.log import get_logger
 from project.toolkit.measure import anatomy, flops, probes
 from project.toolkit.measure.devices import CudaEventClock, DeviceClock, HostClock, device_clock, peak_memory_mb
 from project.toolkit.measure.environment import run_environment
@@ -74,6 +78,8 @@ from project.toolkit.measure.summary import (
     summarise_fit,
     summarise_inference,
 )
+
+log = get_logger(__name__)
 
 
 class TimingCallback(Callback):
@@ -228,6 +234,10 @@ class TimingCallback(Callback):
         scalars.update({f"time/summary/bubble_fraction/rank{r}": v for r, v in enumerate(bubble or [])})
         scalars.update({f"memory/summary/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
         self._publish(trainer, log_dir, report, scalars, step=_epoch_end_step(trainer), title="fit")
+        path = getattr(trainer.datamodule, "input_path", None)
+        advice = path and data_wait_advice(report["data_wait_fraction"], path, machine_of(trainer))
+        if advice:  # over a tenth of the epoch: say so, and what would help
+            log.warning(advice)
 
     # -- test and predict --------------------------------------------------------------------
 
@@ -457,7 +467,17 @@ def run_description(trainer: Trainer, pl_module: LightningModule) -> dict[str, A
         "image_size": datamodule_hparams.get("image_size"),
         "batch_size": datamodule_hparams.get("batch_size"),  # global: the data module splits it across ranks
         "precision": str(trainer.precision),
+        **input_description(trainer),
     }
+
+
+def input_description(trainer: Trainer) -> dict[str, Any]:
+    """The input path the run's data module took (``on_device`` or ``dataloader``), its DataLoader
+    workers and why; nothing for data that is not such a module."""
+    path = getattr(trainer.datamodule, "input_path", None)
+    if path is None:
+        return {}
+    return {"input_path": path.name, "num_workers": path.num_workers, "input_path_reason": path.reason}
 
 
 def update_timing_json(path: Path, report: dict[str, Any]) -> dict[str, Any]:

@@ -17,8 +17,9 @@ is one. Everything else is here, the same for every data set:
   ``(seed, epoch, image index)`` (see :class:`~project.toolkit.data.samplers.TrainingSampler` and
   :mod:`project.toolkit.data.augmentation`);
 - evaluation that sees every image exactly once across processes, in as many batches on each;
-- ``on_device=True``: the whole data set kept on the accelerator and augmented there, in batches,
-  the loaders carrying only indices.
+- two input paths with the same images: the data set kept on the device and augmented there in batches
+  (the loaders carrying only indices), or DataLoader workers augmenting one image at a time; by default
+  (``auto``) each run takes the faster for its machine (:mod:`project.toolkit.data.input_path`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import warnings
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -40,6 +41,7 @@ from torch.utils.data import DataLoader, Dataset
 from project.toolkit.data.augmentation import augment, to_model_input
 from project.toolkit.data.datasets import AugmentedImages, AugmentKeys, ImageArrayDataset, IndexBatches, Indices
 from project.toolkit.data.declarations import check_declarations
+from project.toolkit.data.input_path import AUTO, InputPath, choose_input_path, machine_of
 from project.toolkit.data.samplers import EvenBatchSampler, TrainingSampler
 from project.toolkit.data.statistics import ChannelStats, measure_channel_stats
 from project.toolkit.errors import DataError
@@ -62,19 +64,23 @@ class ImageArrayDataModule(LightningDataModule):
         download: Download the data set if its files are missing.
         image_size: Side of the square images fed to the model: the images are resized to it.
         batch_size: GLOBAL batch size: each of the run's N processes loads ``batch_size / N``.
-        num_workers: DataLoader worker processes per training process; ``None`` picks
-            ``min(4, CPUs per process)``. Any number gives the same images: each image's
-            augmentation depends only on (seed, epoch, image index).
+        num_workers: DataLoader worker processes per training process. ``auto``: none on a CPU run
+            (they would take cores from the training step), ``min(4, CPUs per process)`` where they
+            feed an accelerator; a number also chooses the DataLoader path when ``on_device`` is
+            ``auto``. Any number gives the same images: each image's augmentation depends only on
+            (seed, epoch, image index).
         val_size: Training images held out (a seeded random choice) for validation; 0 trains on every
             image, without validation.
         synthetic: Use random images and labels instead of files: no disk, no network.
         synthetic_size: Training-set size of the synthetic data (its test set is a fifth of it).
         split_seed: Seed of the validation split and of the synthetic data; kept apart from the
             training seed so the split stays put when the training seed changes.
-        on_device: Keep all images (uint8) on the accelerator and crop, flip, resize and normalise
-            whole batches there, with no DataLoader workers; the loaders then carry only image
-            indices. The same images as the default (``false``), made where the CPU cannot hold
-            back a fast accelerator.
+        on_device: Keep all images (uint8) on the training device (a CPU run: in the training
+            process) and crop, flip, resize and normalise whole batches there, with no DataLoader
+            workers; the loaders then carry only image indices. ``false``: the DataLoader path, the
+            same images augmented one at a time. ``auto``: on the device when the data set takes at
+            most a quarter of its memory (a CPU run: of the RAM), else the DataLoader path; the run's
+            choice and its reason are in ``timing.json`` (``input_path``).
     """
 
     num_classes: int
@@ -99,16 +105,18 @@ class ImageArrayDataModule(LightningDataModule):
         download: bool = True,
         image_size: int = 112,
         batch_size: int = 256,
-        num_workers: int | None = None,
+        num_workers: int | Literal["auto"] = AUTO,
         val_size: int = 5000,
         synthetic: bool = False,
         synthetic_size: int = 50_000,
         split_seed: int = 0,
-        on_device: bool = False,
+        on_device: bool | Literal["auto"] = AUTO,
     ) -> None:
         super().__init__()
         # What normalises the images: the class's declaration, else measured in setup (the same on every rank).
         self.channel_stats: ChannelStats | None = check_declarations(type(self))
+        if num_workers is None:  # "automatic" before it was spelled auto (older configs and checkpoints)
+            num_workers = AUTO
         for name, value, low in (
             ("image_size", image_size, 1),
             ("batch_size", batch_size, 1),
@@ -117,11 +125,11 @@ class ImageArrayDataModule(LightningDataModule):
         ):
             if value < low:
                 raise DataError(f"data.{name}={value} is not allowed: it must be an integer >= {low}")
-        if num_workers is not None and num_workers < 0:
-            raise DataError(
-                f"data.num_workers={num_workers} is not allowed: use an integer >= 0, or null for automatic"
-            )
-        if on_device and num_workers:
+        if num_workers != AUTO and not (isinstance(num_workers, int) and num_workers >= 0):
+            raise DataError(f"data.num_workers={num_workers} is not allowed: use an integer >= 0, or auto")
+        if on_device not in (True, False, AUTO):
+            raise DataError(f"data.on_device={on_device} is not allowed: use true, false or auto")
+        if on_device is True and num_workers != AUTO and num_workers > 0:
             log.warning("data.num_workers=%d is ignored: data.on_device=true needs no workers", num_workers)
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
@@ -129,6 +137,7 @@ class ImageArrayDataModule(LightningDataModule):
         self._datasets: dict[str, ImageArrayDataset] = {}
         # on_device: each split's images (uint8, N x C x H x W) and labels on the accelerator
         self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._input_path: InputPath | None = None  # chosen in setup, from the options and the machine
 
     # -- what a data set says: how to get its arrays -------------------------------------------
 
@@ -187,8 +196,34 @@ class ImageArrayDataModule(LightningDataModule):
                 images, _ = self._load(train=True)
                 self._normalisation_stats(images, self._split(len(images))[0])
             self._datasets["test"] = ImageArrayDataset(*self._load(train=False), self._evaluation_transform())
-        if self.hparams.on_device:
-            self._move_to_device({"fit": ("train", "val"), "validate": ("val",)}.get(stage, ("test",)))
+        splits = {"fit": ("train", "val"), "validate": ("val",)}.get(stage, ("test",))
+        path = self._input_path = self._choose_input_path(splits)
+        log.info("input: %s, %d workers (%s)", path.name, path.num_workers, path.reason)
+        if path.on_device:
+            self._move_to_device(splits)
+        if path.num_workers == 0 and (path.on_device or self.hparams.num_workers == AUTO):
+            # Lightning advises more workers for a loader with fewer than 2; these carry indices only,
+            # or run on a CPU, where workers would take cores from the training step.
+            warnings.filterwarnings("ignore", message=r"The '\w+_dataloader' does not have many workers")
+
+    def _choose_input_path(self, splits: tuple[str, ...]) -> InputPath:
+        """The input path for this run: the options, and the bytes the ``splits`` (with those on the
+        device already) would take there."""
+        held = {*splits, *self._on_device}
+        size = sum(self._datasets[s].images.nbytes + self._datasets[s].labels.nbytes for s in held)
+        machine, trainer = machine_of(self.trainer), self.trainer is not None
+        return choose_input_path(self.hparams.on_device, self.hparams.num_workers, size, machine, trainer)
+
+    @property
+    def input_path(self) -> InputPath:
+        """The input path this run takes (``on_device`` or ``dataloader``), its workers and why; decided
+        in :meth:`setup`, or before it from the options and an empty data set."""
+        return self._input_path or self._choose_input_path(())
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the data set is kept on the device (the option, or what ``auto`` chose)."""
+        return self.input_path.on_device
 
     def _split(self, count: int) -> tuple[np.ndarray, np.ndarray]:
         """``(training, validation)`` indices of the ``count`` training images: the seeded hold-out."""
@@ -231,8 +266,6 @@ class ImageArrayDataModule(LightningDataModule):
                 dataset = self._datasets[split]
                 images = torch.from_numpy(dataset.images).to(device).permute(0, 3, 1, 2).contiguous()
                 self._on_device[split] = images, torch.from_numpy(dataset.labels).to(device)
-        # Lightning advises more workers for a loader with fewer than 2; these carry indices only.
-        warnings.filterwarnings("ignore", message=r"The '\w+_dataloader' does not have many workers")
 
     def _load(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
         """Images and labels of the training or the test split (or their synthetic twin)."""
@@ -268,12 +301,12 @@ class ImageArrayDataModule(LightningDataModule):
 
     def _loader(self, split: str, train: bool = False, predict: bool = False) -> DataLoader:
         dataset: Dataset = self._datasets[split]
-        if self.hparams.on_device:  # indices only: on_after_batch_transfer makes them images
+        if self.on_device:  # indices only: on_after_batch_transfer makes them images
             dataset = AugmentKeys(len(dataset)) if train else Indices(len(dataset))
         world, rank = self._replica()
         workers = self.num_workers
         on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        pin = on_cuda and not self.hparams.on_device  # index batches are too small to gain from it
+        pin = on_cuda and not self.on_device  # index batches are too small to gain from it
         # A generator of its own: a DataLoader draws its workers' base seed when it starts iterating,
         # from torch's global generator by default, and how often it does (once with persistent
         # workers, every epoch without) would then shift the dropout masks the model draws after it.
@@ -314,13 +347,8 @@ class ImageArrayDataModule(LightningDataModule):
 
     @property
     def num_workers(self) -> int:
-        if self.hparams.on_device:
-            return 0
-        if self.hparams.num_workers is not None:
-            return self.hparams.num_workers
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        processes_here = self.trainer.num_devices if self.trainer is not None else 1
-        return max(1, min(4, cpus // max(1, processes_here)))
+        """DataLoader worker processes per training process: the option, or what ``auto`` chose."""
+        return self.input_path.num_workers
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)
@@ -339,7 +367,7 @@ class ImageArrayDataModule(LightningDataModule):
         training batches (rows ``[index, dy, dx, flip]``, see :class:`AugmentKeys`) cropped, flipped,
         resized and normalised, evaluation batches resized and normalised, all in one go. The
         result is converted as Lightning converts a loaded batch for the run's precision."""
-        if not self.hparams.on_device:
+        if not self.on_device:
             return batch
         size, (mean, std) = self.hparams.image_size, self.channel_stats
         if self.trainer.training:

@@ -203,6 +203,13 @@ def _work(tflops: float | None, mfu: float | None) -> str:
     return f"{tflops / scale:.3g} {unit}" + ("" if mfu is None else f" (MFU {100 * mfu:.1f} %)")
 
 
+def _input(report: dict[str, Any]) -> str:
+    """``on_device, 0 workers``: the input path the run took (:mod:`project.toolkit.data.input_path`)."""
+    if report.get("input_path") is None:
+        return "n/a"
+    return f"{report['input_path']}, {report['num_workers']} workers"
+
+
 def format_table(report: dict[str, Any], stage: str) -> str:
     """A few lines for the terminal: the stage's headline numbers."""
     where = f"{report['strategy']}, {report['world_size']} process(es), {report['devices']} x {report['accelerator']}"
@@ -226,6 +233,7 @@ def format_table(report: dict[str, Any], stage: str) -> str:
                 mean_std(report["iteration_seconds_mean"], report["iteration_seconds_std"], 3, " s") + detail,
             ),
             ("data wait", "n/a" if wait is None else f"{100 * wait:.1f} % of epoch time"),
+            ("input", _input(report)),
             ("throughput", number(report["train_samples_per_second"], 1, " samples/s (all ranks)")),
             ("work", _work(report.get("train_tflops_per_second"), report.get("mfu"))),
             ("validation run", number(report["val_epoch_seconds_mean"], 2, " s")),
