@@ -253,7 +253,7 @@ def test_truncated_file_is_an_error_naming_it(cifar_root: Path, tmp_path: Path) 
     root = copy_dataset(cifar_root, tmp_path)
     victim = root / BASE_FOLDER / "data_batch_3"
     victim.write_bytes(victim.read_bytes()[:5000])
-    with pytest.raises(DataError, match=rf"{victim}: not a readable CIFAR-10 file"):
+    with pytest.raises(DataError, match=rf"{victim}: not a readable data file"):
         attach(make_dm(root)).setup("fit")
 
 
@@ -293,7 +293,7 @@ def test_failed_download_says_why_and_leaves_nothing_behind(tmp_path: Path, monk
     def offline(*args, **kwargs):
         raise urllib.error.URLError("Name or service not known")
 
-    monkeypatch.setattr(data_module.urllib.request, "urlopen", offline)
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
     target = tmp_path / "fresh"
     with pytest.raises(DataError) as err:
         make_dm(target, download=True).prepare_data()
@@ -356,12 +356,12 @@ def test_a_download_interrupted_half_way_leaves_nothing_that_loads(
 
     monkeypatch.setattr(data_module, "CIFAR10_URL", archive.as_uri())
     monkeypatch.setattr(data_module, "CIFAR10_MD5", md5)
-    monkeypatch.setattr(data_module.urllib.request, "urlopen", DropsHalfWay)
+    monkeypatch.setattr(urllib.request, "urlopen", DropsHalfWay)
     with pytest.raises(DataError, match="connection reset by peer"):
         make_dm(tmp_path, download=True).prepare_data()
     assert list(tmp_path.iterdir()) == []  # no partial data set, no staging folder
 
-    monkeypatch.setattr(data_module.urllib.request, "urlopen", real_urlopen)
+    monkeypatch.setattr(urllib.request, "urlopen", real_urlopen)
     dm = attach(make_dm(tmp_path, download=True))
     dm.prepare_data()  # the next start downloads again
     dm.setup("test")

@@ -9,19 +9,14 @@ standard augmentation at any ``image_size`` (the material upscales 32 px to 112 
 
 from __future__ import annotations
 
-import hashlib
-import os
-import pickle
 import shutil
 import tarfile
-import tempfile
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from project.toolkit.data.datamodule import ImageArrayDataModule
+from project.toolkit.data.files import download_archive, load_numpy_pickle
 from project.toolkit.errors import DataError
 from project.toolkit.log import get_logger
 
@@ -45,46 +40,12 @@ CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 # --------------------------------------------------------------------------- reading the files
 
 
-class _NumpyOnlyUnpickler(pickle.Unpickler):
-    """The official files are pickles; refuse anything but the numpy arrays they contain, so a
-    tampered file cannot run code."""
-
-    _ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store raw bytes
-    }
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in self._ALLOWED:
-            raise pickle.UnpicklingError(f"unexpected object {module}.{name}")
-        return super().find_class(module, name)
-
-
-def _unpickle(path: Path) -> dict[str, Any]:
-    """Load one official pickle, with its byte-string keys turned into str."""
-    try:
-        with open(path, "rb") as f:
-            entry = _NumpyOnlyUnpickler(f, encoding="bytes").load()
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except Exception as err:  # truncated, garbled or not a pickle at all
-        raise DataError(
-            f"{path}: not a readable CIFAR-10 file ({type(err).__name__}: {err}); delete the folder and download again"
-        ) from None
-    if not isinstance(entry, dict):
-        raise DataError(f"{path}: expected a dict, found {type(entry).__name__}")
-    return {k.decode() if isinstance(k, bytes) else k: v for k, v in entry.items()}
-
-
 def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Read one official batch file and check its structure.
 
     Returns images as uint8 ``(N, 32, 32, 3)`` and labels as int64 ``(N,)``.
     """
-    entry = _unpickle(path)
+    entry = load_numpy_pickle(path)
     missing = {"data", "labels"} - entry.keys()
     if missing:
         raise DataError(f"{path}: missing key(s) {sorted(missing)}; found {sorted(entry)}")
@@ -104,7 +65,7 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def read_label_names(path: Path) -> list[str]:
     """Class names from ``batches.meta``."""
-    names = _unpickle(path).get("label_names")
+    names = load_numpy_pickle(path).get("label_names")
     if not isinstance(names, list) or len(names) != NUM_CLASSES:
         raise DataError(f"{path}: 'label_names' must list {NUM_CLASSES} names")
     return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
@@ -125,35 +86,11 @@ def missing_files(root: Path) -> list[str]:
 
 
 def download_cifar10(data_dir: Path, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5, timeout: float = 60.0) -> None:
-    """Download, verify and unpack the official archive into ``data_dir / BASE_FOLDER``.
-
-    Everything is written under a private temporary name and moved into place with one rename, so
-    an interrupted download never leaves a partial data set, and two processes (two nodes on a
-    shared disk, two runs at once) never write the same files. Raises ``OSError`` or ``ValueError``
-    on failure; the caller turns that into a message for the user.
-    """
-    data_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".cifar10-download-", dir=data_dir))
-    try:
-        archive = staging / "archive.tar.gz"
-        digest = hashlib.md5()
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(archive, "wb") as out:
-            while chunk := response.read(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
-        if digest.hexdigest() != md5:
-            raise ValueError(f"checksum mismatch: got md5 {digest.hexdigest()}, expected {md5}")
-        with tarfile.open(archive) as tar:
-            tar.extractall(staging, filter="data")
-        target = data_dir / BASE_FOLDER
-        try:
-            if missing_files(target):  # else another process finished first; its copy is as good as ours
-                os.replace(staging / BASE_FOLDER, target)
-        except OSError:
-            if missing_files(target):  # it finished while we renamed: fine; anything else is a failure
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    """Download, verify and unpack the official archive into ``data_dir / BASE_FOLDER``, atomically
+    (:func:`~project.toolkit.data.files.download_archive`)."""
+    download_archive(
+        url, md5, data_dir, BASE_FOLDER, is_complete=lambda folder: not missing_files(folder), timeout=timeout
+    )
 
 
 # --------------------------------------------------------------------------- the data module
