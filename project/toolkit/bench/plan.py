@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from project.toolkit.balance import balanced_starts
 from project.toolkit.commands import OneLineParser
 from project.toolkit.errors import ProjectError, exit_on_project_error
 from project.toolkit.measure.tables import number, text_table
@@ -232,24 +233,7 @@ def balanced_stages(costs: list[float], stages: int) -> list[list[int]]:
     >>> balanced_stages([1, 1, 1, 1], 2), balanced_stages([3, 1, 1, 1], 2)
     ([[0, 1], [2, 3]], [[0], [1, 2, 3]])
     """
-    n = len(costs)
-    prefix = [0.0]
-    for cost in costs:
-        prefix.append(prefix[-1] + cost)
-    best = [[math.inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for s in range(1, stages + 1):
-        for i in range(s, n + 1):
-            for j in range(s - 1, i):
-                value = max(best[s - 1][j], prefix[i] - prefix[j])
-                if value < best[s][i]:
-                    best[s][i], cut[s][i] = value, j
-    bounds, i = [n], n
-    for s in range(stages, 0, -1):
-        i = cut[s][i]
-        bounds.append(i)
-    bounds = bounds[::-1]
+    bounds = [0, *balanced_starts(costs, stages), len(costs)]
     return [list(range(a, b)) for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
