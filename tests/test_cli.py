@@ -36,7 +36,7 @@ def test_fit_then_test_from_last_and_best_in_new_processes(tiny_args: list[str],
 
     # the reported accuracy is that of the checkpoint on the whole test set, at the trained size
     model = ImageClassifier.load_from_checkpoint(run / "checkpoints" / "last.ckpt").eval()
-    dm = ColourImages(image_size=32, batch_size=20)
+    dm = ColourImages(image_size=32, batch_size=20, val_size=40)
     dm.setup("test")
     with torch.inference_mode():
         pairs = [(model(x).argmax(1), y) for x, y in dm.test_dataloader()]

@@ -496,4 +496,4 @@ def test_on_device_under_two_process_ddp_shards_training_and_evaluates_every_ima
     assert not shards[0] & shards[1] and len(shards[0]) == len(shards[1]) == 79  # 159 images: one sits out
     assert all(r["batch_sizes"] == [10, 10] for r in ranks)  # the global batch of 20, split
     last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-    assert metrics(out, "fit", "val") == pytest.approx(evaluate(last, cifar_root, "val"), rel=1e-5)
+    assert metrics(out, "fit", "val") == pytest.approx(evaluate(last, "val"), rel=1e-5)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from project.__main__ import main
-from project.data import CIFAR10DataModule
+from project.data import CIFAR10DataModule, ImageArrayDataModule
 from project.toolkit.data.input_path import (
     DATA_WAIT_WARNING,
     MEMORY_SHARE,
@@ -151,14 +151,14 @@ def test_without_a_trainer_auto_takes_the_dataloader_path(cifar_root: Path) -> N
 def test_a_default_cpu_run_takes_the_batched_path_and_says_so(
     tiny_args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    slow_after_transfer = CIFAR10DataModule.on_after_batch_transfer
+    slow_after_transfer = ImageArrayDataModule.on_after_batch_transfer
 
-    def slow_input(self: CIFAR10DataModule, batch: Any, dataloader_idx: int) -> Any:
+    def slow_input(self: ImageArrayDataModule, batch: Any, dataloader_idx: int) -> Any:
         if self.trainer.training:  # an input pipeline that makes training wait 0.5 s a batch (steps: ~0.05 s)
             time.sleep(0.5)
         return slow_after_transfer(self, batch, dataloader_idx)
 
-    monkeypatch.setattr(CIFAR10DataModule, "on_after_batch_transfer", slow_input)
+    monkeypatch.setattr(ImageArrayDataModule, "on_after_batch_transfer", slow_input)
     defaults = [a for a in tiny_args if not a.startswith("--data.num_workers")]  # on_device, num_workers: auto
     cli = main(["fit", *defaults, "--trainer.max_epochs=2", "--trainer.limit_train_batches=2"])
     report = json.loads((Path(cli.trainer.log_dir) / "timing.json").read_text())

@@ -265,7 +265,7 @@ def test_pipeline_runs_match_one_device_resume_exactly_and_serve_a_single_device
 
     # metrics are right and logged once: val of the last epoch equals a one-process evaluation of last.ckpt
     assert {k: ranks[0]["metrics"][k] for k in ("val/acc", "val/loss")} == pytest.approx(
-        evaluate(last, cifar_root, "val"), rel=1e-5
+        evaluate(last, "val"), rel=1e-5
     )
     timing = json.loads((piped / "lightning_logs/version_0/timing.json").read_text())
     assert [e["samples"] for e in timing["epochs"]] == [40, 40]  # each sample counted once, not per stage
@@ -285,6 +285,4 @@ def test_pipeline_runs_match_one_device_resume_exactly_and_serve_a_single_device
 
     # the pipeline's last.ckpt on one device, without the strategy
     test_metrics = recorded(piped / "test", "test")["metrics"]
-    assert {k: test_metrics[k] for k in ("test/acc", "test/loss")} == pytest.approx(
-        evaluate(last, cifar_root, "test"), rel=1e-5
-    )
+    assert {k: test_metrics[k] for k in ("test/acc", "test/loss")} == pytest.approx(evaluate(last, "test"), rel=1e-5)

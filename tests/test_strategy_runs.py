@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from project.data import CIFAR10DataModule
 from project.model import ImageClassifier
+from tests.fixtures import ColourImages
 from tests.test_strategies import free_port_below_ephemeral_range, last_checkpoint, recorded, recorder_args
 from tests.user_nets import sequential_convnet
 
@@ -52,11 +52,12 @@ def run_project(*args: str, cwd: Path, timeout: float = 300, expect: int = 0, en
     return err
 
 
-def evaluate(checkpoint: Path, cifar_root: Path, split: str) -> dict[str, float]:
-    """Accuracy and mean loss of a checkpoint on the whole val or test split, in this one process,
-    at the tests' settings (32 px, val_size 41): what a distributed run's metrics must equal."""
+def evaluate(checkpoint: Path, split: str) -> dict[str, float]:
+    """Accuracy and mean loss of a checkpoint on the whole val or test split of the tests' data set, in
+    this one process, at the tests' settings (32 px, val_size 41): what a distributed run's metrics must
+    equal."""
     model = ImageClassifier.load_from_checkpoint(checkpoint, map_location="cpu").eval()
-    dm = CIFAR10DataModule(data_dir=str(cifar_root), image_size=32, batch_size=20, val_size=41, num_workers=0)
+    dm = ColourImages(image_size=32, batch_size=20, val_size=41, num_workers=0)
     dm.setup("fit" if split == "val" else "test")
     correct, loss, count = 0, 0.0, 0
     with torch.inference_mode():
@@ -139,7 +140,7 @@ def test_fit_validate_test(strategy: str, arch: str, tiny_args: list[str], cifar
     stages = (("validate", "val"), ("test", "test")) if arch != "resnet50" else (("test", "test"),)
     for stage, split in stages:
         run_project(stage, *common, "--ckpt_path=last", *recorder_args(out), cwd=tmp_path)
-        expected = evaluate(last, cifar_root, split)
+        expected = evaluate(last, split)
         assert metrics(out, stage, split) == pytest.approx(expected, rel=1e-5)
     # the evaluations of the fit's checkpoint wrote into its folder (rank 0 alone: one config each)
     assert [p.name for p in runs.iterdir()] == ["version_0"]

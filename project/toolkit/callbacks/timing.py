@@ -305,7 +305,7 @@ class TimingCallback(Callback):
         if not self.anatomy_steps:
             return None
         local = torch.tensor(self._anatomy.vector(), dtype=torch.float64, device=trainer.strategy.root_device)
-        rows = trainer.strategy.all_gather(local).reshape(trainer.world_size, -1).tolist()
+        rows = all_gather(trainer.strategy)(local).reshape(trainer.world_size, -1).tolist()
         clock = "cuda_events" if isinstance(self._clock, CudaEventClock) else "host"
         result = anatomy.report(rows, self._anatomy, clock)
         if result is not None:  # how many cores a CPU step could use (python -m project plan reads it)
