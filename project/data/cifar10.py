@@ -97,29 +97,11 @@ def download_cifar10(data_dir: Path, url: str = CIFAR10_URL, md5: str = CIFAR10_
 
 
 class CIFAR10DataModule(ImageArrayDataModule):
-    """CIFAR-10 (or a synthetic stand-in of the same shape) for image classification.
-
-    Args:
-        data_dir: Folder that holds (or will hold) ``cifar-10-batches-py/``.
-        download: Download the official archive if the files are missing.
-        image_size: Side of the square images fed to the model; 32 is CIFAR's native size, 112
-            the material's upscaled one.
-        batch_size: GLOBAL batch size: each of the run's N processes loads ``batch_size / N``.
-        num_workers: DataLoader worker processes per training process. ``auto``: none on a CPU run,
-            ``min(4, CPUs per process)`` where they feed a GPU; a number also chooses the DataLoader
-            path when ``on_device`` is ``auto``. Any number gives the same images: each image's
-            augmentation depends only on (seed, epoch, image index).
-        val_size: Training images held out (a seeded random choice) for validation; 0 trains on every
-            image, without validation.
-        synthetic: Use random images and labels instead of files: no disk, no network.
-        synthetic_size: Training-set size of the synthetic data (its test set is a fifth of it).
-        split_seed: Seed of the validation split and of the synthetic data; kept apart from the
-            training seed so the split stays put when the training seed changes.
-        on_device: Keep all images (uint8, about 180 MB for CIFAR-10) on the training device (a CPU
-            run: in the training process) and crop, flip, resize and normalise whole batches there,
-            with no DataLoader workers; the loaders then carry only image indices. ``false``: the
-            DataLoader path, the same images one at a time. ``auto``: on the device when the data set
-            takes at most a quarter of its memory (a CPU run: of the RAM); ``timing.json`` says which.
+    """CIFAR-10 (or a synthetic stand-in of the same shape) for image classification. Its options are the
+    generic data module's (:class:`~project.toolkit.data.datamodule.ImageArrayDataModule`, whose docs
+    ``--help`` shows): ``data_dir`` holds ``cifar-10-batches-py/``, ``download`` fetches the official
+    archive when a file is missing, and the whole set takes about 180 MB as uint8 (``on_device``).
+    ``image_size`` 32 is CIFAR's native size, 112 the material's upscaled one.
     """
 
     num_classes = NUM_CLASSES

@@ -23,8 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from project.toolkit.dotted import chosen_class
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 
@@ -46,11 +45,10 @@ def _defaults(cls: Any) -> dict[str, Any]:
     return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
 
 
-def _section(config: Any, fallback_class: Any, import_object: Callable[[str], Any]) -> tuple[Any, Any]:
+def _section(config: Any, fallback_class: Any) -> tuple[Any, Any]:
     """A config section's arguments and class: ``class_path``/``init_args`` (subclass mode) or plain."""
-    if config is not None and config.get("class_path"):
-        return config.get("init_args"), import_object(config.class_path)
-    return config, fallback_class
+    cls = chosen_class(config)
+    return (config.get("init_args"), cls) if cls is not None else (config, fallback_class)
 
 
 def _differing(
@@ -86,14 +84,13 @@ def _pairs(prefix: str, values: dict[str, Any], keys: list[str]) -> str:
 
 
 def adopt_checkpoint_settings(
-    config: Any, ckpt_path: str | Path, model_class: Any, import_object: Callable[[str], Any], argv: list[str]
+    config: Any, ckpt_path: str | Path, checkpoint: dict[str, Any], model_class: Any, argv: list[str]
 ) -> Callable[[Any], None]:
     """Check and adopt the settings the checkpoint at ``ckpt_path`` was trained with (see the module's
     docstring), editing the subcommand's parsed ``config``; ``argv`` is the command line. Returns a
     function to call on the config once LightningCLI has applied the checkpoint's model hyperparameters:
     it puts back the :data:`RUN_OPTIONS` that were given."""
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False, mmap=True)
-    model_args, model_cls = _section(config.get("model"), model_class, import_object)
+    model_args, model_cls = _section(config.get("model"), model_class)
     saved_model = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items() if not k.startswith("_")}
     given, adopted = _differing(
         saved_model, model_args, _defaults(model_cls), list(saved_model), command_line_keys(argv, "model")
@@ -109,7 +106,7 @@ def adopt_checkpoint_settings(
     notes = _pairs("model", saved_model, adopted)
 
     data_config = config.get("data")
-    data_args, data_cls = _section(data_config, None, import_object)
+    data_args, data_cls = _section(data_config, None)
     saved_data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     same_data_set = data_config is not None and saved_data.get("_class_path") in (None, data_config.get("class_path"))
     if same_data_set and data_args is not None:
@@ -130,7 +127,7 @@ def adopt_checkpoint_settings(
         log.info("--ckpt_path=%s: taking the settings it was trained with: %s", ckpt_path, notes)
 
     def restore_run_options(applied: Any) -> None:
-        args, _ = _section(applied.get("model"), model_class, import_object)
+        args, _ = _section(applied.get("model"), model_class)
         for key, value in kept.items():
             args[key] = value
 

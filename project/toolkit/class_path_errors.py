@@ -9,11 +9,11 @@ wrong and what is allowed.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 
 from project.toolkit.commands import with_option_hints
+from project.toolkit.dotted import import_object
 from project.toolkit.errors import ProjectError
 
 # The first error jsonargparse lists under the class it expected: (base class name, indentation, text).
@@ -62,7 +62,7 @@ def class_path_error_line(message: str) -> str | None:
     if unknown:  # the class is fine; it has no such option: name the nearest one it has
         nested = re.fullmatch(r"NestedArg\(key='[^']*', val='(.*)'\)", value)
         typed = f"--{key}.{unknown.group(1)}" + (f"={nested.group(1)}" if nested else "")
-        options = [f"--{key}.{name}" for name in init_parameters(_import(given.group(1)))]
+        options = [f"--{key}.{name}" for name in init_parameters(import_object(given.group(1)))]
         return with_option_hints(f"unrecognized arguments: {typed}", options)
     in_mapping = re.match(r"\{'class_path': '([^']*)'", value)
     if in_mapping:  # from a config file: name the path, not the whole mapping
@@ -112,9 +112,3 @@ def init_parameters(cls: type) -> list[str]:
                 if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
                     names.append(parameter.name)
     return list(dict.fromkeys(names))
-
-
-def _import(dotted_path: str) -> type:
-    """The class a path jsonargparse has already imported names."""
-    module, _, name = dotted_path.rpartition(".")
-    return getattr(importlib.import_module(module), name)

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib
-import inspect
 import logging
 import os
 import re
@@ -70,6 +68,7 @@ from project.toolkit.checkpoint_settings import adopt_checkpoint_settings
 from project.toolkit.class_path_errors import class_path_error_line, project_error_within, unwrap_class_option_error
 from project.toolkit.commands import TRAINER_COMMANDS, config_shape_error, with_option_hints
 from project.toolkit.compat import is_subprocess_script_launcher
+from project.toolkit.dotted import chosen_class, import_object
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.preflight import (
@@ -176,10 +175,10 @@ class ProjectCLI(LightningCLI):
             )
             if not is_deepspeed_checkpoint(config.ckpt_path):
                 # one line naming a bad file, or one made for another data set
-                check_checkpoint_file(config.ckpt_path, num_classes=data_num_classes(config.get("data")))
-                if Path(config.ckpt_path).is_file():  # the settings it was trained with, against the options
+                checkpoint = check_checkpoint_file(config.ckpt_path, num_classes=data_num_classes(config.get("data")))
+                if checkpoint is not None:  # a file: the settings it was trained with, against the options
                     self._restore_run_options = adopt_checkpoint_settings(
-                        config, config.ckpt_path, self.model_class, import_object, self.argv
+                        config, config.ckpt_path, checkpoint, self.model_class, self.argv
                     )
 
     def before_instantiate_classes(self) -> None:
@@ -269,33 +268,16 @@ def _first_missing(path: Path) -> Path | None:
     return missing
 
 
-def import_object(dotted_path: str) -> Any:
-    """The object a dotted path ``package.module.name`` names.
-
-    >>> import_object("torch.nn.Linear").__name__
-    'Linear'
-    """
-    module_name, _, name = dotted_path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ProjectError(f"{dotted_path!r} cannot be imported ({err}); give package.module.name") from None
-
-
 def data_num_classes(data_config: Any) -> int | None:
     """The class count of the data set a config chooses (its class's ``num_classes``), read without
     building the data set; None if the class does not say."""
-    class_path = data_config.get("class_path") if data_config is not None else None
-    if not class_path:
-        return None
-    value = getattr(import_object(class_path), "num_classes", None)
+    value = getattr(chosen_class(data_config), "num_classes", None)
     return value if isinstance(value, int) else None
 
 
 def data_in_channels(data_config: Any) -> int:
     """The channels of the data set a config chooses (its class's ``image_shape``), 3 if it does not say."""
-    class_path = data_config.get("class_path") if data_config is not None else None
-    shape = getattr(import_object(class_path), "image_shape", None) if class_path else None
+    shape = getattr(chosen_class(data_config), "image_shape", None)
     return shape[2] if isinstance(shape, tuple) and len(shape) == 3 and isinstance(shape[2], int) else 3
 
 
@@ -423,10 +405,5 @@ def main(args: ArgsType = None, model: str = "", data: str = "") -> ProjectCLI:
         command = [word for word in argv if word in TRAINER_COMMANDS][:1]
         help_command = " ".join(["python -m project", *command, "--help"])
         line = config_shape_error(str(err), argv) or parse_error_line(str(err))
-        if line.startswith("unrecognized arguments: --data.") and "did you mean" not in line and data:
-            # the data set's options are its class's (subclass mode), which the parser does not list
-            line = with_option_hints(
-                line, [f"--data.{name}" for name in inspect.signature(import_object(data)).parameters]
-            )
         print(f"error: {line} (see {help_command})", file=sys.stderr)
         raise SystemExit(2) from None

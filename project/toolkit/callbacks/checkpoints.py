@@ -127,11 +127,12 @@ class FinalCheckpoint(Callback):
         checkpoint.last_model_path = str(path)
 
 
-def check_checkpoint_file(path: str | Path, num_classes: int | None = None) -> None:
+def check_checkpoint_file(path: str | Path, num_classes: int | None = None) -> dict[str, Any] | None:
     """Raise a one-line :class:`ProjectError` naming ``path`` unless it is a loadable Lightning
     checkpoint (a file with a ``state_dict``) or a sharded checkpoint folder, and, given
     ``num_classes``, one of a model with that many classes (another task's classifier head would
-    otherwise fail deep inside ``load_state_dict``).
+    otherwise fail deep inside ``load_state_dict``). Returns the file's checkpoint, for the checks that
+    follow; None for a folder.
 
     Cheap: the file is memory-mapped, not read into memory.
     """
@@ -139,7 +140,7 @@ def check_checkpoint_file(path: str | Path, num_classes: int | None = None) -> N
     if path.is_dir():
         if not (path / ".metadata").is_file() and not (path / "meta.pt").is_file():
             raise ProjectError(f"--ckpt_path={path}: a folder, but not a sharded checkpoint (no .metadata inside)")
-        return
+        return None
     if not path.is_file():
         raise ProjectError(f"--ckpt_path={path}: no such file; pass a checkpoint file, 'last' or 'best'")
     try:
@@ -157,6 +158,7 @@ def check_checkpoint_file(path: str | Path, num_classes: int | None = None) -> N
             f"--ckpt_path={path}: a model of {trained_for} classes, but this data has {num_classes}; "
             "use a checkpoint trained on this data"
         )
+    return checkpoint
 
 
 def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False) -> str | None:

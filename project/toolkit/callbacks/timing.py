@@ -142,9 +142,9 @@ class TimingCallback(Callback):
         self._device = trainer.strategy.root_device
         self._clock = self.make_clock(self._device, self.sync_every_step)
         if self._flops is None:  # before any strategy wraps or shards the network
-            self._flops = _count_flops(trainer, pl_module)
+            self._flops = _counted(trainer, pl_module, flops.model_flops_per_sample)
         if stage == "fit" and self._network is None:  # what python -m project plan needs of the network
-            self._network = _network_size(trainer, pl_module)
+            self._network = _counted(trainer, pl_module, network_profile)
         if stage == "fit":  # the clock of fit_seconds starts here: the data is set up, the model not yet
             self._train = TrainRecorder(self._clock, self._clock.wait())
             self._epochs = []
@@ -344,43 +344,31 @@ class TimingCallback(Callback):
         print(format_table(report, title), flush=True)
 
 
-# FLOP counts by network structure and input: a process that runs fit, then test (or a test suite that runs
-# many short fits) counts each network once.
-_FLOPS_OF: dict[tuple, dict[str, float]] = {}
+# Counts of a network (FLOPs, sizes) by what counts it, network structure and input: a process that runs fit,
+# then test (or a test suite that runs many short fits) counts each network once.
+_COUNTED: dict[tuple, Any] = {}
 
 
-def _count_flops(trainer: Trainer, pl_module: LightningModule) -> dict[str, float] | None:
-    """FLOPs per training and inference sample of ``pl_module.net`` at the data module's image size;
-    None where either is unknown (a module without ``net``, data without ``image_size``). Rank 0
-    only: it alone reports them."""
+def _counted(trainer: Trainer, pl_module: LightningModule, count: Callable[..., dict[str, Any]]) -> Any:
+    """``count(net, image_size=..., channels_last=..., in_channels=...)`` of ``pl_module.net`` as the data
+    feeds it (:func:`~project.toolkit.measure.flops.model_flops_per_sample`,
+    :func:`~project.toolkit.measure.network.network_profile`), once per network and input; rank 0 only (it
+    alone reports them), None where unknown (a module without ``net``, data without ``image_size``)."""
     net = getattr(pl_module, "net", None)
     image_size = data_settings(trainer).get("image_size")
     if not trainer.is_global_zero or not isinstance(net, nn.Module) or not image_size:
         return None
-    channels_last = bool(pl_module.hparams.get("channels_last"))
+    hparams = pl_module.hparams
+    feed = {
+        "image_size": image_size,
+        "channels_last": bool(hparams.get("channels_last")),
+        "in_channels": int(hparams.get("in_channels", 3)),
+    }
     shapes = tuple((name, tuple(p.shape)) for name, p in net.named_parameters())
-    in_channels = int(pl_module.hparams.get("in_channels", 3))
-    key = (type(net).__qualname__, shapes, image_size, channels_last, in_channels)
-    if key not in _FLOPS_OF:
-        _FLOPS_OF[key] = flops.model_flops_per_sample(
-            net, image_size, channels_last=channels_last, in_channels=in_channels
-        )
-    return _FLOPS_OF[key]
-
-
-def _network_size(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any] | None:
-    """Parameters, buffers and activations of ``pl_module.net`` (:mod:`project.toolkit.measure.network`) at
-    the data's image size, for ``python -m project plan``; rank 0 only, None where unknown."""
-    net = getattr(pl_module, "net", None)
-    image_size = data_settings(trainer).get("image_size")
-    if not trainer.is_global_zero or not isinstance(net, nn.Module) or not image_size:
-        return None
-    return network_profile(
-        net,
-        image_size,
-        channels_last=bool(pl_module.hparams.get("channels_last")),
-        in_channels=int(pl_module.hparams.get("in_channels", 3)),
-    )
+    key = (count.__name__, type(net).__qualname__, shapes, *feed.values())
+    if key not in _COUNTED:
+        _COUNTED[key] = count(net, **feed)
+    return _COUNTED[key]
 
 
 def _optimizer_state_bytes(trainer: Trainer) -> int:

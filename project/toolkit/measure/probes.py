@@ -180,7 +180,9 @@ def attach(window: AnatomyWindow, trainer: Any, pl_module: nn.Module) -> DDPProb
             ddp_probe = DDPProbe(window, model)
         except RuntimeError as err:  # a communication hook of the user's is registered already
             log.warning("step anatomy: ddp's all-reduce wait is not measured (%s)", err)
-    net = getattr(pl_module, "net", None)
+    # The network the steps call: dp's DataParallel lives in the strategy's view of the module, not on it.
+    view = getattr(strategy, "module_view", None)
+    net = getattr(view if view is not None else pl_module, "net", None)
     if isinstance(net, nn.Module):
         fsdp = _fsdp_parts(net)
         if fsdp is not None:

@@ -95,10 +95,6 @@ class DataParallelStrategy(StepsThroughView, SingleDeviceStrategy):
         check_batch_splits_evenly(extract_batch_size(args[0]), self.num_gpus)
         return super().training_step(*args, **kwargs)
 
-    def teardown(self) -> None:
-        self.module_view = None
-        super().teardown()
-
     @classmethod
     def register_strategies(cls, strategy_registry: StrategyRegistryType) -> None:
         strategy_registry.register(

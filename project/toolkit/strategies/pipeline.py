@@ -312,7 +312,6 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
             optimizer.load_state_dict(stages[self.global_rank])  # moves the state to the parameters' device
 
     def teardown(self) -> None:
-        self.module_view = None
         self._schedule = None
         super().teardown()
 

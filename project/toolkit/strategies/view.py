@@ -45,7 +45,7 @@ def module_view(module: ModuleT, **replacements: Any) -> ModuleT:
 
 class StepsThroughView:
     """A strategy mixin: the training, validation, test and predict steps run through ``self.module_view``
-    (set by the strategy's ``setup``; the module itself while it is None)."""
+    (set by the strategy's ``setup``, dropped at its teardown; the module itself while it is None)."""
 
     module_view: LightningModule | None = None
     precision_plugin: Any
@@ -69,3 +69,7 @@ class StepsThroughView:
 
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
         return self._step(self.precision_plugin.predict_step_context, "predict_step", *args, **kwargs)
+
+    def teardown(self) -> None:
+        self.module_view = None  # the run is over: nothing holds the view of the module any more
+        super().teardown()  # type: ignore[misc]
