@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from benchmarks._common import Setup
-from project.toolkit.data.augmentation import PADDING, augment, to_model_input
+from project.toolkit.data.augmentation import PADDING, augment, rows_of, to_model_input
 from project.toolkit.measure.devices import SyncingClock, synchronizer
 
 
@@ -78,11 +78,12 @@ def autocast(setup: Setup, device: torch.device) -> AbstractContextManager:
 
 
 class InMemory:
-    """One split of the data set as uint8 ``(N, C, H, W)`` images and labels on ``device``, batched by
-    indexing: the plain loop's whole input pipeline."""
+    """One split of the data set as uint8 ``(N, H, W, C)`` images (as the arrays come) and labels on
+    ``device``, batched by indexing as channels_last ``(n, C, H, W)`` views: the plain loop's whole
+    input pipeline."""
 
     def __init__(self, images: Any, labels: Any, device: torch.device, stats: Any) -> None:
-        self.images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous().to(device)
+        self.images = torch.from_numpy(images).to(device)
         self.labels = torch.from_numpy(labels).to(device)
         self.mean, self.std = stats  # the data set's normalisation, as the template uses it
 
@@ -93,7 +94,7 @@ class InMemory:
         """Evaluation batches in order, every image once: resized and normalised, channels_last."""
         for start in range(0, len(self), batch_size):
             index = slice(start, start + batch_size)
-            images = to_model_input(self.images[index], image_size, self.mean, self.std)
+            images = to_model_input(self.images[index].permute(0, 3, 1, 2), image_size, self.mean, self.std)
             yield as_input(images, setup), self.labels[index]
 
 
@@ -159,7 +160,7 @@ def plain_fit(setup: Setup, out: Path, test: bool = False) -> dict[str, Any]:
         correct = torch.zeros((), dtype=torch.long, device=device)
         for step in range(steps):
             index = order[step * setup.batch_size : (step + 1) * setup.batch_size]
-            images = augment(train.images[index], crops[index], setup.image_size, train.mean, train.std)
+            images = augment(rows_of(train.images, index), crops[index], setup.image_size, train.mean, train.std)
             images = as_input(images, setup)
             labels = train.labels[index]
             with autocast(setup, device):

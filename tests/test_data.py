@@ -447,7 +447,7 @@ def test_on_device_gives_the_images_of_the_default_path(cifar_root: Path, world_
     for dm in (default, on_device):
         dm.setup("fit")
         dm.setup("test")
-    assert on_device._on_device["train"][0].shape == (160, 3, 32, 32)  # uint8, on the (CPU) device
+    assert on_device._on_device["train"][0].shape == (160, 32, 32, 3)  # uint8 as the arrays come, on the (CPU) device
     for stage in ("train", "val", "test"):
         loaders = [getattr(dm, f"{stage}_dataloader")() for dm in (default, on_device)]
         if stage == "train":

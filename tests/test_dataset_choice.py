@@ -106,7 +106,7 @@ def test_grey_images_are_the_same_through_both_input_paths() -> None:
     for dm in (default, on_device):
         dm.setup("fit")
         dm.setup("test")
-    assert on_device._on_device["train"][0].shape == (TRAIN_IMAGES - VAL_IMAGES, 1, 12, 12)
+    assert on_device._on_device["train"][0].shape == (TRAIN_IMAGES - VAL_IMAGES, 12, 12, 1)  # as the arrays come
     for stage in ("train", "val", "test"):
         loaders = [getattr(dm, f"{stage}_dataloader")() for dm in (default, on_device)]
         if stage == "train":

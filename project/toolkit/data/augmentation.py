@@ -42,10 +42,25 @@ def draw_crops_and_flips(seed: int, epoch: int, count: int, padding: int = PADDI
     return table
 
 
+def rows_of(images: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The images at ``index`` of uint8 ``(N, H, W, C)`` ``images`` (as a data set's arrays come), as an
+    ``(n, C, H, W)`` batch in channels_last memory order -- the order the networks run in, and in which
+    torchvision resizes uint8 images about four times faster. ``index_select`` copies whole rows: on a
+    CPU it is some twenty times faster than indexing with a tensor (``images[index]``).
+
+    >>> batch = rows_of(torch.zeros(5, 4, 4, 3, dtype=torch.uint8), torch.tensor([4, 0]))
+    >>> tuple(batch.shape), batch.is_contiguous(memory_format=torch.channels_last)
+    ((2, 3, 4, 4), True)
+    """
+    return images.index_select(0, index).permute(0, 3, 1, 2)
+
+
 def crop_and_flip(images: torch.Tensor, params: torch.Tensor, padding: int = PADDING) -> torch.Tensor:
     """Crop each of ``images`` (uint8 ``(N, C, H, W)``), padded by ``padding`` px of zeros, to
     ``H x W`` at offset ``params[n, :2]`` (``dy, dx``), and flip it horizontally where
-    ``params[n, 2]`` is 1. One gather for the whole batch, on the images' device.
+    ``params[n, 2]`` is 1. One gather for the whole batch, on the images' device, over their pixels
+    in ``(H, W, C)`` memory order: the result is channels_last, like :func:`rows_of`'s batches (a gather
+    of whole pixels costs a third of one indexing every value by batch, channel, row and column).
 
     >>> image = torch.arange(1, 10, dtype=torch.uint8).reshape(1, 1, 3, 3)
     >>> crop_and_flip(image, torch.tensor([[0, 0, 0]]), padding=1)[0, 0].tolist()  # shifted down-right
@@ -56,20 +71,28 @@ def crop_and_flip(images: torch.Tensor, params: torch.Tensor, padding: int = PAD
     count, channels, height, width = images.shape
     device = images.device
     params = params.to(device)
-    padded = torch.nn.functional.pad(images, (padding, padding, padding, padding))
+    pixels = images.permute(0, 2, 3, 1)  # (N, H, W, C): a view of channels_last images
+    padded = torch.nn.functional.pad(pixels, (0, 0, padding, padding, padding, padding))
+    padded_width = width + 2 * padding
     rows = params[:, 0:1] + torch.arange(height, device=device)  # (N, H)
     cols = params[:, 1:2] + torch.arange(width, device=device)  # (N, W)
     cols = torch.where(params[:, 2:3].bool(), cols.flip(1), cols)
-    batch = torch.arange(count, device=device)[:, None, None, None]
-    channel = torch.arange(channels, device=device)[None, :, None, None]
-    return padded[batch, channel, rows[:, None, :, None], cols[:, None, None, :]]
+    where = (rows[:, :, None] * padded_width + cols[:, None, :]).reshape(count, height * width, 1)
+    picked = padded.reshape(count, -1, channels).gather(1, where.expand(-1, -1, channels))
+    return picked.reshape(count, height, width, channels).permute(0, 3, 1, 2)
 
 
 def to_model_input(images: torch.Tensor, image_size: int, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
     """uint8 images ``(..., C, H, W)`` as the network takes them: resized (antialiased) to
     ``image_size`` square, scaled to 0..1 and normalised with the data set's per-channel ``mean`` and
     ``std`` (0-1 scale, C values each). The same steps as ``v2.Compose([v2.Resize(image_size),
-    v2.ToDtype(float32, scale=True), v2.Normalize(mean, std)])``, for one image or a batch.
+    v2.ToDtype(float32, scale=True), v2.Normalize(mean, std)])`` (equal within float rounding,
+    about 5e-7), for one image or a batch; the result is in channels_last memory order.
+
+    It works on the pixels in ``(H, W, C)`` memory order, as the arrays come (:func:`rows_of`):
+    torchvision resizes uint8 images about four times faster so, and the scaling and normalisation are
+    one multiply and one add by tables of the image's own shape -- on a CPU a tenth of the time of
+    normalising by a per-channel mean and std, which no vector unit runs well when channels are innermost.
 
     >>> to_model_input(torch.zeros(2, 3, 32, 32, dtype=torch.uint8), 112, (0.5,) * 3, (0.25,) * 3).shape
     torch.Size([2, 3, 112, 112])
@@ -78,7 +101,21 @@ def to_model_input(images: torch.Tensor, image_size: int, mean: Sequence[float],
     """
     if images.shape[-2:] != (image_size, image_size):
         images = F.resize(images, [image_size, image_size], antialias=True)
-    return F.normalize(F.to_dtype(images, torch.float32, scale=True), list(mean), list(std))
+    pixels = images.movedim(-3, -1).to(torch.float32, memory_format=torch.contiguous_format)  # (..., H, W, C)
+    scale, shift = _normalisation(tuple(pixels.shape[-3:]), tuple(mean), tuple(std), pixels.device)
+    return pixels.mul_(scale).add_(shift).movedim(-1, -3)
+
+
+@functools.lru_cache(maxsize=8)
+def _normalisation(
+    shape: tuple[int, int, int], mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x / 255 - mean) / std`` as ``x * scale + shift``, with ``scale`` and ``shift`` spelled out
+    for every value of an ``(H, W, C)`` image on ``device``: elementwise operations on equal shapes
+    vectorise, a broadcast over 1-3 innermost channels does not."""
+    scale = torch.tensor([1 / (255 * s) for s in std], dtype=torch.float32)
+    shift = torch.tensor([-m / s for m, s in zip(mean, std, strict=True)], dtype=torch.float32)
+    return tuple(t.expand(shape).contiguous().to(device) for t in (scale, shift))  # type: ignore[return-value]
 
 
 def augment(

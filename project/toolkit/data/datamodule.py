@@ -38,7 +38,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
-from project.toolkit.data.augmentation import augment, to_model_input
+from project.toolkit.data.augmentation import augment, rows_of, to_model_input
 from project.toolkit.data.datasets import AugmentedImages, AugmentKeys, ImageArrayDataset, IndexBatches, Indices
 from project.toolkit.data.declarations import check_declarations
 from project.toolkit.data.input_path import AUTO, InputPath, choose_input_path, machine_of
@@ -264,7 +264,8 @@ class ImageArrayDataModule(LightningDataModule):
         for split in splits:
             if split not in self._on_device:
                 dataset = self._datasets[split]
-                images = torch.from_numpy(dataset.images).to(device).permute(0, 3, 1, 2).contiguous()
+                # As the arrays come, (N, H, W, C): rows_of makes channels_last batches of them.
+                images = torch.from_numpy(dataset.images).to(device)
                 self._on_device[split] = images, torch.from_numpy(dataset.labels).to(device)
 
     def _load(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -373,10 +374,10 @@ class ImageArrayDataModule(LightningDataModule):
         if self.trainer.training:
             images, labels = self._on_device["train"]
             index = batch[:, 0]
-            batch = augment(images[index], batch[:, 1:], size, mean, std), labels[index]
+            batch = augment(rows_of(images, index), batch[:, 1:], size, mean, std), labels.index_select(0, index)
         else:
             images, labels = self._on_device["test" if self.trainer.testing or self.trainer.predicting else "val"]
-            batch = to_model_input(images[batch], size, mean, std), labels[batch]
+            batch = to_model_input(rows_of(images, batch), size, mean, std), labels.index_select(0, batch)
         return self.trainer.precision_plugin.convert_input(batch)
 
 
