@@ -13,6 +13,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project.__main__ import main
 from project.model import ImageClassifier
+from project.toolkit.callbacks.progress import RichTrainingBar, rich_installed
 from tests.fixtures import ColourImages
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,3 +211,15 @@ def test_default_yaml_lists_the_default_callbacks(capsys: pytest.CaptureFixture)
 
     listed = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["callbacks"]
     assert listed == dict.fromkeys(DEFAULT_CALLBACKS, True)
+
+
+@pytest.mark.skipif(not rich_installed(), reason="the rich bar needs rich (the progress extra, installed by dev)")
+@pytest.mark.parametrize(("options", "redraws_per_second"), [([], 10), (["--progress_bar.refresh_rate=3"], 3)])
+def test_rich_bar_redraws_ten_times_a_second_unless_told(
+    tiny_args: list[str], options: list[str], redraws_per_second: int
+) -> None:
+    # Lightning's 100 redraws a second cost its drawing thread about 1.5 % of a core.
+    shown = ["--trainer.enable_progress_bar=true"]  # tiny_args hide the bar
+    cli = main(["fit", *tiny_args, *shown, *options, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
+    (bar,) = [c for c in cli.trainer.callbacks if isinstance(c, RichTrainingBar)]
+    assert bar.refresh_rate == redraws_per_second
