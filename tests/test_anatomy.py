@@ -163,6 +163,7 @@ def test_each_ddp_rank_records_an_anatomy_that_adds_up_and_plan_reads_it(
     network = timing["network"]
     assert network["parameters"] > 2e6 and network["parameter_bytes"] == 4 * network["parameters"]
     assert network["optimizer_state_bytes"] == network["parameter_bytes"]  # SGD's momentum, one per parameter
+    assert "block_seconds" not in network  # blocks are timed after single-device fits only
 
     from project.toolkit.bench.plan import main as plan_main
 

@@ -180,3 +180,20 @@ def test_a_run_without_anatomy_is_one_line_naming_what_is_missing(
     with pytest.raises(SystemExit):
         plan.main([str(folder), "--devices", "2", "--link-gbps", "8"])
     assert "has no step_anatomy or network" in capsys.readouterr().err
+
+
+def test_pipeline_takes_the_time_its_blocks_were_measured_to_take() -> None:
+    # Stages split by FLOPs ([a, b] | [c, d]), but c was measured 10x slower than a: the stages are unequal.
+    per_image = [0.01, 0.03, 0.10, 0.01]  # forward seconds per 32 images; backward twice that
+    forward = [per_image, [t / 4 for t in per_image]]  # at 32 and 8 images: no fixed cost
+    times = {"batch_sizes": [32, 8], "forward": forward, "backward": [[2 * t for t in row] for row in forward]}
+    run = measured(data_wait=0.0, optimizer=0.0, rest=0.0, block_seconds=times)
+    assert plan.balanced_stages([unit[1] for unit in run.units], 2) == [[0, 1], [2, 3]]
+    infinite = Link(0.0, float("inf"), "given")
+    pipeline = plan.predict_pipeline(run, Target(2, micro_batches=4), infinite)
+    # a micro-batch of 8: stage 0 forward 0.01, backward 0.02; stage 1 forward 0.0275, backward 0.055
+    assert pipeline.step == pytest.approx((0.01 + 0.02 + 0.0275 + 0.055) + 3 * (0.0275 + 0.055))
+    assert pipeline.parts["compute"] == pytest.approx(4 * (0.0275 + 0.055))  # the slower stage, busy throughout
+    assert "timed by block" in pipeline.note
+    # without the times: the FLOP split, equal stages, GPipe's bubble
+    assert "FLOPs" in plan.predict_pipeline(measured(), Target(2), infinite).note

@@ -57,6 +57,7 @@ class Measured:
     peak_memory_mb: float | None
     image_bytes_per_sample: float = 0.0
     units: list[list[Any]] = field(default_factory=list)  # [name, forward FLOPs, parameters, output bytes]
+    block_seconds: dict[str, Any] | None = None  # the units timed after the fit (measure/block_times.py)
     name: str = ""
     threads: int | None = None  # the run's intra-op threads
     cores: int | None = None  # the machine's cores (a CPU run)
@@ -141,6 +142,7 @@ def read_run(path: Path) -> Measured:
         peak_memory_mb=peaks[0],
         image_bytes_per_sample=3 * int(timing.get("image_size") or 0) ** 2 * 4,  # float32 RGB, as the loader gives
         units=network.get("units", []),
+        block_seconds=network.get("block_seconds"),
         name=str(file),
         threads=anatomy.get("threads"),
         cores=(timing.get("environment") or {}).get("cpu_cores"),
@@ -326,29 +328,78 @@ def _parameters(run: Measured) -> int:
     return sum(unit[2] for unit in run.units)
 
 
+def unit_seconds(times: dict[str, Any], kind: str, unit: int, samples: float) -> float:
+    """Seconds of ``unit``'s ``kind`` (``forward`` or ``backward``) for ``samples`` images, from its times at the
+    measured batch sizes (:mod:`project.toolkit.measure.block_times`): a fixed cost plus a cost per image, the
+    line through the two sizes (per image alone where one size was measured).
+
+    >>> times = {"batch_sizes": [32, 8], "forward": [[0.40], [0.16]], "backward": [[0.8], [0.8]]}
+    >>> round(unit_seconds(times, "forward", 0, 16), 3), round(unit_seconds(times, "backward", 0, 4), 3)
+    (0.24, 0.8)
+    """
+    sizes = times["batch_sizes"]
+    values = [times[kind][k][unit] for k in range(len(sizes))]
+    if len(sizes) < 2 or sizes[0] == sizes[1]:
+        return values[0] * samples / sizes[0]
+    per_image = max(0.0, (values[0] - values[1]) / (sizes[0] - sizes[1]))
+    fixed = max(0.0, values[0] - per_image * sizes[0])
+    return fixed + per_image * samples
+
+
+def stage_seconds(run: Measured, groups: list[list[int]], micro_batches: int) -> tuple[list[float], list[float], str]:
+    """Forward and backward seconds of each stage (``groups`` of units) for one micro-batch: from the units'
+    measured times where the run has them, else the run's forward and backward split as the FLOPs are."""
+    micro = run.batch_size / micro_batches
+    times = run.block_seconds
+    if times and len(times["forward"][0]) == len(run.units):
+        forward = [sum(unit_seconds(times, "forward", i, micro) for i in g) for g in groups]
+        backward = [sum(unit_seconds(times, "backward", i, micro) for i in g) for g in groups]
+        return forward, backward, "stages timed by block"
+    costs = [float(unit[1]) for unit in run.units] or [1.0]
+    share = [sum(costs[i] for i in g) / sum(costs) for g in groups]
+    forward = [run.forward * s / micro_batches for s in share]
+    return forward, [run.backward * s / micro_batches for s in share], "stages as their FLOPs"
+
+
+def gpipe_step_seconds(forward: list[float], backward: list[float], micro_batches: int, message: float) -> float:
+    """GPipe's step: every micro-batch through the stages forward, then backward. Each phase is a flow of
+    ``m`` equal jobs through the stages: the sum of the stages' times plus ``m - 1`` times the slowest
+    stage's, and a message between stages on each of the ``m + p - 2`` slots after the first. With equal
+    stages of ``t`` (forward plus backward) that is ``(m + p - 1) t``: the bubble ``(p-1)/(m+p-1)``.
+
+    >>> gpipe_step_seconds([1, 1], [2, 2], 4, 0.0), gpipe_step_seconds([1, 3], [2, 6], 4, 0.0)
+    (15.0, 39.0)
+    """
+    phases = sum(forward) + sum(backward) + (micro_batches - 1) * (max(forward) + max(backward))
+    return phases + 2 * (micro_batches + len(forward) - 2) * message
+
+
 def predict_pipeline(run: Measured, target: Target, link: Link) -> Prediction:
-    """GPipe over ``p`` = the devices, stages balanced by the units' FLOPs: ``m + p - 1`` slots of the slowest
-    stage's micro-batch (its forward and backward, and the activation or its gradient sent on), so an idle
-    share ``(p-1)/(m+p-1)`` with balanced stages; every stage reads the whole batch; each stage's optimizer
-    updates its own parameters. With shared cores a stage computes alone in the bubble, on every core: the
-    step is then at least the whole network's compute."""
+    """GPipe over ``p`` = the devices, stages balanced by the units' FLOPs as the pipeline strategy splits
+    them, each stage taking the time its units were measured to take for a micro-batch of ``batch / m``
+    (:func:`stage_seconds`; by FLOPs where the run did not time them), the micro-batches' activations or
+    their gradients sent on between stages (:func:`gpipe_step_seconds`); every stage reads the whole
+    batch; each stage's optimizer updates its own parameters. With shared cores a stage computes alone in
+    the bubble, on every core: the step is then at least the whole network's compute."""
     stages, m = target.world, target.micro_batches
     _, slow = _share(run, target)
-    samples, scale = run.batch_size, 1.0  # one pipeline, no replicas: the whole batch goes through every stage
+    samples = run.batch_size  # one pipeline, no replicas: the whole batch goes through every stage
     costs = [float(unit[1]) for unit in run.units] or [1.0]
     groups = balanced_stages(costs, stages) if len(costs) >= stages else [list(range(len(costs)))]
-    flop_share = [sum(costs[i] for i in g) / sum(costs) for g in groups]
-    compute = (run.forward + run.backward) * scale
+    forward, backward, how = stage_seconds(run, groups, m)
+    forward, backward = [f * slow for f in forward], [b * slow for b in backward]
     boundary = max([run.units[g[-1]][3] for g in groups[:-1]] or [0.0])  # bytes per sample sent on
-    message = link.latency + boundary * samples / m / link.bandwidth if stages > 1 else 0.0
-    slot = compute * max(flop_share) / m * slow + 2 * message
-    schedule = (m + stages - 1) * slot
+    message = link.latency + boundary * samples / m / link.bandwidth if len(groups) > 1 else 0.0
+    schedule = gpipe_step_seconds(forward, backward, m, message)
+    busy = m * max(f + b for f, b in zip(forward, backward, strict=True))  # the slowest stage's compute
     if target.shared_cores:
-        schedule = max(schedule, compute + 2 * (m + stages - 1) * message)
-    busy = compute * max(flop_share) * slow if not target.shared_cores else compute * max(flop_share)
-    bubble = max(0.0, schedule - busy - 2 * m * message)
+        alone = sum(forward) + sum(backward)  # one micro-batch through every stage, at the run's speed
+        busy /= slow
+        schedule = max(schedule, m * alone / slow + 2 * (m + len(groups) - 2) * message)
+    communication = 2 * (m + len(groups) - 2) * message
+    bubble = max(0.0, schedule - busy - communication)
     param_share = [sum(run.units[i][2] for i in g) / max(1, _parameters(run)) for g in groups]
-    parts = {"data_wait": run.data_wait * scale, "compute": busy, "communication": 2 * m * message}
+    parts = {"data_wait": run.data_wait, "compute": busy, "communication": communication}
     parts |= {"optimizer": run.optimizer * max(param_share) * slow, "bubble": bubble, "rest": run.rest}
     output = [sum(run.units[i][3] for i in g) for g in groups]
     base = _baseline_mb(run)
@@ -356,7 +407,7 @@ def predict_pipeline(run: Measured, target: Target, link: Link) -> Prediction:
         _plus(base, _states_mb(run) * p + run.activation_bytes_per_sample * samples * o / max(1, sum(output)) / MIB)
         for p, o in zip(param_share, output, strict=True)
     ]
-    return Prediction("pipeline", stages, parts, samples, memory, note=f"GPipe, {m} micro-batches")
+    return Prediction("pipeline", stages, parts, samples, memory, note=f"GPipe, {m} micro-batches, {how}")
 
 
 def predict_dp(run: Measured, target: Target, link: Link) -> Prediction:

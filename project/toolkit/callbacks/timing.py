@@ -63,7 +63,7 @@ from project.toolkit.data.datamodule import data_settings
 from project.toolkit.data.input_path import data_wait_advice, machine_of
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
-from project.toolkit.measure import anatomy, flops, probes
+from project.toolkit.measure import anatomy, block_times, flops, probes
 from project.toolkit.measure.devices import CudaEventClock, DeviceClock, HostClock, device_clock, peak_memory_mb
 from project.toolkit.measure.environment import run_environment
 from project.toolkit.measure.network import network_profile
@@ -78,6 +78,7 @@ from project.toolkit.measure.summary import (
     summarise_fit,
     summarise_inference,
 )
+from project.toolkit.strategies.blocks import checked_blocks_or_none
 
 log = get_logger(__name__)
 
@@ -101,6 +102,8 @@ class TimingCallback(Callback):
             step is split into data wait, compute, communication, optimizer, pipeline bubble and the rest
             (``step_anatomy`` in ``timing.json``, :mod:`project.toolkit.measure.anatomy`); 0 switches it off.
             Only inside these steps is anything more marked, and the device waited for at their two ends.
+            A single-device fit then also times each of the network's declared blocks, after the fit, at the
+            batch size and a quarter of it (``network.block_seconds``, :mod:`project.toolkit.measure.block_times`).
 
     Attributes:
         make_clock: Builds the clock for a device, ``(device, sync_every_step) -> DeviceClock``;
@@ -133,6 +136,7 @@ class TimingCallback(Callback):
         self._epochs: list[dict[str, Any]] = []
         self._flops: dict[str, float] | None = None
         self._network: dict[str, Any] | None = None
+        self._images_like: tuple | None = None
         self._anatomy = anatomy.AnatomyWindow(self._clock, 0, 0)
         self._ddp_probe: probes.DDPProbe | None = None
 
@@ -144,7 +148,9 @@ class TimingCallback(Callback):
         if self._flops is None:  # before any strategy wraps or shards the network
             self._flops = _counted(trainer, pl_module, flops.model_flops_per_sample)
         if stage == "fit" and self._network is None:  # what python -m project plan needs of the network
-            self._network = _counted(trainer, pl_module, network_profile)
+            blocks = checked_blocks_or_none(pl_module)
+            units = [(block.name, block.module) for block in blocks] if blocks else None
+            self._network = _counted(trainer, pl_module, network_profile, blocks=units)
         if stage == "fit":  # the clock of fit_seconds starts here: the data is set up, the model not yet
             self._train = TrainRecorder(self._clock, self._clock.wait())
             self._epochs = []
@@ -161,6 +167,8 @@ class TimingCallback(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._train.start_batch()
         self._anatomy.batch_start(batch_idx)
+        if self._images_like is None:  # what the blocks' timing after the fit feeds them
+            self._images_like = block_times.images_like(batch)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -228,6 +236,10 @@ class TimingCallback(Callback):
             report["step_anatomy"] = step_anatomy
         if self._network is not None:
             report["network"] = {**self._network, "optimizer_state_bytes": _optimizer_state_bytes(trainer)}
+            # After the fit, so no step is touched; python -m project plan predicts a pipeline from it.
+            blocks = block_times.probe_after_fit(trainer, pl_module, self._images_like) if self.anatomy_steps else None
+            if blocks is not None:
+                report["network"]["block_seconds"] = blocks
         scalars = {f"time/summary/{k}": v for k, v in report.items() if isinstance(v, float)}
         for rank, parts in enumerate(step_anatomy["ranks"] if step_anatomy else []):
             scalars.update({f"time/step_anatomy/{k}/rank{rank}": v for k, v in parts.items() if k in anatomy.FIELDS})
@@ -349,8 +361,8 @@ class TimingCallback(Callback):
 _COUNTED: dict[tuple, Any] = {}
 
 
-def _counted(trainer: Trainer, pl_module: LightningModule, count: Callable[..., dict[str, Any]]) -> Any:
-    """``count(net, image_size=..., channels_last=..., in_channels=...)`` of ``pl_module.net`` as the data
+def _counted(trainer: Trainer, pl_module: LightningModule, count: Callable[..., dict[str, Any]], **extra: Any) -> Any:
+    """``count(net, image_size=..., channels_last=..., in_channels=..., **extra)`` of ``pl_module.net`` as the data
     feeds it (:func:`~project.toolkit.measure.flops.model_flops_per_sample`,
     :func:`~project.toolkit.measure.network.network_profile`), once per network and input; rank 0 only (it
     alone reports them), None where unknown (a module without ``net``, data without ``image_size``)."""
@@ -367,7 +379,7 @@ def _counted(trainer: Trainer, pl_module: LightningModule, count: Callable[..., 
     shapes = tuple((name, tuple(p.shape)) for name, p in net.named_parameters())
     key = (count.__name__, type(net).__qualname__, shapes, *feed.values())
     if key not in _COUNTED:
-        _COUNTED[key] = count(net, **feed)
+        _COUNTED[key] = count(net, **feed, **extra)
     return _COUNTED[key]
 
 

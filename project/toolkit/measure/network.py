@@ -2,11 +2,11 @@
 buffers, the activations a training step keeps for the backward, and the same per unit (the modules it runs
 one after another), counted once per run on a copy on the ``meta`` device (no memory, no arithmetic).
 
-The units are the network's modules two levels down where a top-level module has children (ResNet's
-``layer1.0``, MobileNetV2's ``features.3``), else the top-level module itself (``conv1``, ``fc``), in the
-order the forward finishes them; for the sequential networks a pipeline can split, that is the order of
-the forward. Each unit records its forward FLOPs, its parameters and the bytes of its output per sample
-(what a pipeline stage ending there sends to the next).
+The units are the network's declared blocks where it declares them (``network_blocks``, what fsdp shards
+at and a pipeline balances over: :mod:`project.toolkit.strategies.blocks`), run one after the other; else its
+modules two levels down where a top-level module has children (ResNet's ``layer1.0``), else the top-level
+module itself, in the order the forward finishes them. Each unit records its forward FLOPs, its parameters
+and the bytes of its output per sample (what a pipeline stage ending there sends to the next).
 """
 
 from __future__ import annotations
@@ -39,17 +39,24 @@ def _bytes(output: Any) -> int:
 
 
 def network_profile(
-    net: nn.Module, image_size: int, channels_last: bool = True, in_channels: int = 3
+    net: nn.Module,
+    image_size: int,
+    channels_last: bool = True,
+    in_channels: int = 3,
+    blocks: list[tuple[str, nn.Module]] | None = None,
 ) -> dict[str, Any]:
     """``parameters`` (count), ``parameter_bytes``, ``buffer_bytes``, ``activation_bytes_per_sample`` (the
     tensors one training forward saves for its backward, per image, parameters left out) and ``units``
-    (``[name, forward FLOPs, parameters, output bytes]`` per image, in the forward's order).
+    (``[name, forward FLOPs, parameters, output bytes]`` per image, in the forward's order); ``blocks``: the
+    network's declared blocks, which are then the units.
 
     >>> profile = network_profile(nn.Sequential(nn.Flatten(), nn.Linear(12, 5)), image_size=2)
     >>> profile["parameters"], profile["parameter_bytes"], profile["units"]
     (65, 260, [['0', 0, 0, 48], ['1', 120, 65, 20]])
     """
-    model = _meta_copy(net).train()  # BatchNorm in training mode needs 2 or more values: a batch of 2, halved
+    # One copy of the network, or of its blocks, on the meta device. BatchNorm in training mode needs 2 or
+    # more values: a batch of 2, halved.
+    model = _meta_copy(nn.ModuleList([module for _, module in blocks]) if blocks else net).train()
     batch = 2
     images = torch.empty(batch, in_channels, image_size, image_size, device="meta")
     if channels_last:
@@ -63,7 +70,7 @@ def network_profile(
             saved[0] += tensor.numel() * tensor.element_size()
         return tensor
 
-    units = _units(model)
+    units = {module: name for (name, _), module in zip(blocks, model, strict=True)} if blocks else _units(model)
     rows: list[list[Any]] = []
     counter = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
     start_flops: dict[nn.Module, int] = {}
@@ -81,7 +88,11 @@ def network_profile(
         handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
     try:
         with counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            model(images)
+            if blocks:
+                for block in model:
+                    images = block(images)
+            else:
+                model(images)
     finally:
         for handle in handles:
             handle.remove()

@@ -61,12 +61,31 @@ def default_blocks(net: nn.Module) -> list[tuple[str, nn.Module]] | None:
     return None
 
 
+def declared_blocks(module: nn.Module) -> list[tuple[str, nn.Module]] | None:
+    """What ``module`` declares of its ``net``'s blocks: its ``network_blocks()`` if it has one, else
+    :func:`default_blocks`; None where nothing is declared. Unchecked (:func:`module_blocks` checks)."""
+    declare = getattr(module, "network_blocks", None)
+    if callable(declare):
+        return declare()
+    net = getattr(module, "net", None)
+    return default_blocks(net) if isinstance(net, nn.Module) else None
+
+
+def checked_blocks_or_none(module: nn.Module) -> list[Block] | None:
+    """The checked blocks of ``module``'s network for a measurement that can do without them: None where
+    none are declared or the declaration is wrong (the strategies that need blocks say so in one line)."""
+    try:
+        declared = declared_blocks(module)
+        return None if declared is None else as_blocks(module.net, declared)
+    except ProjectError:
+        return None
+
+
 def module_blocks(module: nn.Module, strategy_name: str) -> list[Block]:
     """The blocks of ``module.net``, from the module's ``network_blocks()`` or :func:`default_blocks`, checked;
     one ``error:`` line naming ``strategy_name`` when the network declares none or declares them wrongly."""
     net = module.net
-    declare = getattr(module, "network_blocks", None)
-    declared = declare() if callable(declare) else default_blocks(net)
+    declared = declared_blocks(module)
     if declared is None:
         raise ProjectError(
             f"--trainer.strategy={strategy_name} splits the network into blocks, and {type(net).__name__} declares "
