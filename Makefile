@@ -72,8 +72,10 @@ bench-perf: $(VENV)/.installed-dev  ## the three performance benchmarks (ARGS go
 	$(PY) -m benchmarks.inference $(ARGS)
 	$(PY) -m benchmarks.input $(ARGS)
 
+# (in a variable: make's $(call) would split a literal [dev,parity] at its comma)
+PARITY_EXTRAS := [dev,parity]
 $(VENV)/.installed-parity: pyproject.toml
-	$(call install,$(VENV),[dev,parity])
+	$(call install,$(VENV),$(PARITY_EXTRAS))
 	touch $@ $(VENV)/.installed $(VENV)/.installed-dev
 
 # Learning parity: the template and the plain loop with the same recipe on scikit-learn's digits, 3 seeds
