@@ -79,7 +79,7 @@ $(VENV)/.installed-parity: pyproject.toml
 	touch $@ $(VENV)/.installed $(VENV)/.installed-dev
 
 # Learning parity: the template and the plain loop with the same recipe on scikit-learn's digits, 3 seeds
-# (about 20 minutes on 2 CPU cores). Results in benchmarks/results/perf/parity.{md,json}.
+# (about 6 minutes on 2 idle CPU cores). Results in benchmarks/results/perf/parity.{md,json}.
 bench-parity: $(VENV)/.installed-parity  ## same test accuracy as the plain loop? (benchmarks/parity.py)
 	$(PY) -m benchmarks.parity $(ARGS)
 
