@@ -14,22 +14,16 @@ import numpy as np
 import pytest
 
 from project.data import BASE_FOLDER, META_FILE, TEST_FILE, TRAIN_FILES
+from tests.fixtures import PALETTE
 
 LABEL_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 TRAIN_PER_FILE = 40  # 5 files -> 200 training images
 TEST_IMAGES = 60
 
 
-# Ten well-separated colours: a class is a colour, which survives crops, flips and resizing.
-PALETTE = np.array(
-    [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48),
-     (145, 30, 180), (70, 240, 240), (240, 50, 230), (210, 245, 60), (128, 128, 128)]
-)  # fmt: skip
-
-
 def learnable_images(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Images whose class shows (its colour, under noise), as flat uint8 rows in the official
-    channel-first layout (N, 3072): 1024 red values, then 1024 green, then 1024 blue."""
+    """Images whose class shows (its colour of tests/fixtures.py's palette, under noise), as flat uint8 rows in
+    the official channel-first layout (N, 3072): 1024 red values, then 1024 green, then 1024 blue."""
     colour_planes = np.repeat(PALETTE[labels], 1024, axis=1)  # (N, 3072), R plane then G then B
     noise = rng.integers(0, 256, (len(labels), 3072))
     return (0.75 * colour_planes + 0.25 * noise).astype(np.uint8)

@@ -55,6 +55,20 @@ def empty_data_dir(tmp: Path) -> str:
     return f"--data.data_dir={tmp / 'empty'}"
 
 
+def one_error_line(subcommand: str, args: list[str], capsys: pytest.CaptureFixture) -> str:
+    """Run ``python -m project SUBCOMMAND ARGS`` in this process, which must exit with status 2 and ONE
+    ``error:`` line on stderr, last, with no traceback and no usage dump; that line."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([subcommand, *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "usage:" not in err, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err
+    assert err.strip().splitlines()[-1] == errors[0]  # nothing after it
+    return errors[0]
+
+
 Case = tuple[str, Callable[[Path], str] | str, str]
 
 # (subcommand, argument or a function of a scratch folder returning one, text the error line must hold)
@@ -112,15 +126,8 @@ def test_bad_input_is_one_line_and_leaves_nothing_behind(
     # CIFAR-10's own folder checks need the template's data set instead of the tests' own
     data = ["--data=project.data.CIFAR10DataModule"] if argument in (data_dir_that_is_a_file, empty_data_dir) else []
     # the bad argument comes last, so it overrides tiny_args' good value of the same option
-    with pytest.raises(SystemExit) as exit_info:
-        main([subcommand, *tiny_args, *data, arg])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and "usage:" not in err
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, err
-    assert message in errors[0], errors[0]
-    assert err.strip().splitlines()[-1] == errors[0]  # nothing after it
+    line = one_error_line(subcommand, [*tiny_args, *data, arg], capsys)
+    assert message in line, line
     assert not (tmp_path / "lightning_logs").exists()  # no half-made run folder
 
 

@@ -26,6 +26,7 @@ from project.data import (
     BASE_FOLDER,
     CIFAR10DataModule,
     EpochIndex,
+    ImageArrayDataModule,
     TrainingSampler,
     download_cifar10,
     read_batch,
@@ -439,6 +440,26 @@ def on_device_batches(dm: CIFAR10DataModule, loader: DataLoader, stage: str) -> 
     return [dm.on_after_batch_transfer(batch, dataloader_idx=0) for batch in loader]
 
 
+def assert_same_batches(
+    default: ImageArrayDataModule, on_device: ImageArrayDataModule, epoch: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every train (at ``epoch``), val and test batch of the on_device module equals the default module's;
+    returns the default module's batches it compared, of all three stages."""
+    compared = []
+    for stage in ("train", "val", "test"):
+        loaders = [getattr(dm, f"{stage}_dataloader")() for dm in (default, on_device)]
+        if stage == "train":
+            for loader in loaders:
+                loader.sampler.set_epoch(epoch)
+        expected, actual = list(loaders[0]), on_device_batches(on_device, loaders[1], stage)
+        assert len(actual) == len(expected) > 0
+        for (images, labels), (want_images, want_labels) in zip(actual, expected, strict=True):
+            torch.testing.assert_close(images, want_images, rtol=0, atol=1e-6)
+            assert torch.equal(labels, want_labels)
+        compared += expected
+    return compared
+
+
 @pytest.mark.parametrize("world_size, rank", [(1, 0), (2, 1)])
 def test_on_device_gives_the_images_of_the_default_path(cifar_root: Path, world_size: int, rank: int) -> None:
     default, on_device = (
@@ -448,17 +469,8 @@ def test_on_device_gives_the_images_of_the_default_path(cifar_root: Path, world_
         dm.setup("fit")
         dm.setup("test")
     assert on_device._on_device["train"][0].shape == (160, 32, 32, 3)  # uint8 as the arrays come, on the (CPU) device
-    for stage in ("train", "val", "test"):
-        loaders = [getattr(dm, f"{stage}_dataloader")() for dm in (default, on_device)]
-        if stage == "train":
-            for loader in loaders:
-                loader.sampler.set_epoch(2)
-        expected, actual = list(loaders[0]), on_device_batches(on_device, loaders[1], stage)
-        assert len(actual) == len(expected) > 0
-        for (images, labels), (want_images, want_labels) in zip(actual, expected, strict=True):
-            torch.testing.assert_close(images, want_images, rtol=0, atol=1e-6)
-            assert torch.equal(labels, want_labels)
-    assert loaders[1].num_workers == 0
+    assert_same_batches(default, on_device, epoch=2)
+    assert on_device.test_dataloader().num_workers == 0
 
 
 def test_on_device_fit_equals_the_default_one_and_evaluates(tiny_args: list[str], tmp_path: Path) -> None:
@@ -483,7 +495,7 @@ def test_on_device_fit_equals_the_default_one_and_evaluates(tiny_args: list[str]
 
 @pytest.mark.slow
 def test_on_device_under_two_process_ddp_shards_training_and_evaluates_every_image_once(
-    tiny_args: list[str], cifar_root: Path, tmp_path: Path
+    tiny_args: list[str], tmp_path: Path
 ) -> None:
     common = [*tiny_args, "--data.on_device=true", "--data.val_size=41", "--trainer.strategy=ddp"]
     common += ["--trainer.devices=2", "--trainer.num_sanity_val_steps=0"]

@@ -13,10 +13,11 @@ from torch import nn
 
 from project.__main__ import main
 from project.toolkit.data import datamodule as datamodule_module
-from project.toolkit.data.statistics import measure_channel_stats
+from project.toolkit.data.statistics import ChannelStats, measure_channel_stats
 from project.toolkit.errors import DataError
 from tests.fixture_datasets import TRAIN_IMAGES, ColourTiles, GreyBars
-from tests.test_data import attach, on_device_batches
+from tests.test_bad_input import one_error_line
+from tests.test_data import assert_same_batches, attach
 
 GREY, COLOUR = "tests.fixture_datasets.GreyBars", "tests.fixture_datasets.ColourTiles"
 VAL_IMAGES = 8
@@ -51,10 +52,11 @@ def numpy_stats(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return scaled.mean(axis=(0, 1, 2)), scaled.std(axis=(0, 1, 2))
 
 
-def error_lines(capsys: pytest.CaptureFixture) -> list[str]:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return [line for line in err.splitlines() if line.startswith("error:")]
+def assert_statistics_are_numpys(stats: ChannelStats, images: np.ndarray) -> None:
+    """``stats`` (mean, std) are numpy's of ``images``, to the last bits."""
+    mean, std = numpy_stats(images)
+    np.testing.assert_allclose(stats.mean, mean, rtol=1e-12)
+    np.testing.assert_allclose(stats.std, std, rtol=1e-12)
 
 
 def test_a_grey_data_set_chosen_by_option_trains_a_one_channel_network_and_tests_it(tmp_path: Path) -> None:
@@ -66,9 +68,7 @@ def test_a_grey_data_set_chosen_by_option_trains_a_one_channel_network_and_tests
     assert next(m for m in model.net.modules() if isinstance(m, nn.Conv2d)).in_channels == 1
     train_images = dm._datasets["train"].images
     assert train_images.shape == (TRAIN_IMAGES - VAL_IMAGES, 12, 12, 1)  # given as (N, H, W): the channel added
-    mean, std = numpy_stats(train_images)
-    np.testing.assert_allclose(dm.channel_stats.mean, mean, rtol=1e-12)
-    np.testing.assert_allclose(dm.channel_stats.std, std, rtol=1e-12)
+    assert_statistics_are_numpys(dm.channel_stats, train_images)
     assert torch.isfinite(fit.trainer.callback_metrics["train/loss"])
 
     tested = main(["test", *args, "--ckpt_path=last"])
@@ -82,20 +82,15 @@ def test_a_colour_data_set_fits_and_tests_and_its_checkpoint_is_refused_for_anot
     args = run_args(tmp_path, COLOUR)
     fit = main(["fit", *args])
     assert fit.model.hparams.num_classes == 10 and fit.model.hparams.in_channels == 3
-    mean, std = numpy_stats(fit.datamodule._datasets["train"].images)
-    np.testing.assert_allclose(fit.datamodule.channel_stats.mean, mean, rtol=1e-12)
-    np.testing.assert_allclose(fit.datamodule.channel_stats.std, std, rtol=1e-12)
+    assert_statistics_are_numpys(fit.datamodule.channel_stats, fit.datamodule._datasets["train"].images)
     tested = main(["test", *args, "--ckpt_path=last"])
     assert {"test/loss", "test/acc"} <= tested.trainer.callback_metrics.keys()
 
     last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        main(["test", *run_args(tmp_path / "grey", GREY), f"--ckpt_path={last}"])
-    assert exit_info.value.code == 2
-    assert error_lines(capsys) == [
+    assert one_error_line("test", [*run_args(tmp_path / "grey", GREY), f"--ckpt_path={last}"], capsys) == (
         f"error: --ckpt_path={last}: a model of 10 classes, but this data has 3; use a checkpoint trained on this data"
-    ]
+    )
 
 
 def test_grey_images_are_the_same_through_both_input_paths() -> None:
@@ -107,17 +102,8 @@ def test_grey_images_are_the_same_through_both_input_paths() -> None:
         dm.setup("fit")
         dm.setup("test")
     assert on_device._on_device["train"][0].shape == (TRAIN_IMAGES - VAL_IMAGES, 12, 12, 1)  # as the arrays come
-    for stage in ("train", "val", "test"):
-        loaders = [getattr(dm, f"{stage}_dataloader")() for dm in (default, on_device)]
-        if stage == "train":
-            for loader in loaders:
-                loader.sampler.set_epoch(1)
-        expected, actual = list(loaders[0]), on_device_batches(on_device, loaders[1], stage)
-        assert len(actual) == len(expected) > 0
-        for (images, labels), (want_images, want_labels) in zip(actual, expected, strict=True):
-            assert want_images.shape == (len(want_labels), 1, 16, 16)
-            torch.testing.assert_close(images, want_images, rtol=0, atol=1e-6)
-            assert torch.equal(labels, want_labels)
+    for images, labels in assert_same_batches(default, on_device, epoch=1):
+        assert images.shape == (len(labels), 1, 16, 16)
 
 
 def test_statistics_not_declared_are_measured_once_from_the_training_split(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,8 +210,6 @@ def test_a_data_set_class_that_the_pipelines_cannot_take_is_refused_in_one_line(
 def test_a_bad_data_choice_is_one_error_line(
     tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], line: str
 ) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["fit", f"--trainer.default_root_dir={tmp_path}", *args])
-    assert exit_info.value.code == 2
-    assert [error.split(" (see python -m project")[0] for error in error_lines(capsys)] == [line]
+    error = one_error_line("fit", [f"--trainer.default_root_dir={tmp_path}", *args], capsys)
+    assert error.split(" (see python -m project")[0] == line
     assert not any(tmp_path.iterdir())  # nothing left behind

@@ -9,7 +9,6 @@ import pytest
 from lightning.pytorch.cli import LightningCLI
 
 from project.__main__ import main
-from project.__main__ import main as cli_main
 from project.toolkit.commands import TOOL_COMMANDS, TRAINER_COMMANDS
 
 
@@ -64,7 +63,7 @@ def test_a_mistyped_command_line_gets_one_line_with_the_nearest_name(
 
 def test_fit_help_names_the_program_and_the_templates_strategies(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
-        cli_main(["fit", "--help"])
+        main(["fit", "--help"])
     out = " ".join(capsys.readouterr().out.split())  # help text is wrapped at the terminal's width
     assert out.startswith("usage: python -m project [options] fit")
     assert "Names: this template's dp, dp_balanced, fsdp," in out

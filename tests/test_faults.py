@@ -173,7 +173,6 @@ def ddp_fit(cwd: Path, *args: str) -> tuple[subprocess.CompletedProcess, float]:
     result = subprocess.run(
         [*command, "--trainer.enable_progress_bar=false", *args],
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},  # for SignalAt
         capture_output=True,
         text=True,
         timeout=300,
@@ -235,7 +234,6 @@ def test_kill_9_mid_epoch_then_resume_ends_with_the_weights_of_an_unbroken_run(t
     kill = [f"--trainer.callbacks+={__name__}.SignalAt", f"--trainer.callbacks.signum={int(signal.SIGKILL)}"]
     result = subprocess.run(
         [sys.executable, "-m", "project", "fit", *broken, *kill, "--trainer.callbacks.step=11"],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
         capture_output=True,
         text=True,
         timeout=300,

@@ -63,14 +63,15 @@ def test_the_machinery_never_imports_the_template_layer() -> None:
     assert arrows == []
 
 
-def test_no_module_imports_itself_back_through_others() -> None:
-    graph = import_graph()
-    circles: list[list[str]] = []
+def circles(graph: dict[str, set[str]]) -> list[str]:
+    """The circles of ``graph`` (module -> the modules it imports) found by a depth-first walk, each as
+    ``a -> b -> a``."""
+    found: list[list[str]] = []
 
     def visit(module: str, path: list[str], done: set[str]) -> None:
         for target in sorted(graph[module]):
             if target in path:
-                circles.append([*path[path.index(target) :], target])
+                found.append([*path[path.index(target) :], target])
             elif target not in done:
                 visit(target, [*path, target], done)
         done.add(module)
@@ -79,8 +80,12 @@ def test_no_module_imports_itself_back_through_others() -> None:
     for module in sorted(graph):
         if module not in finished:
             visit(module, [module], finished)
+    return [" -> ".join(circle) for circle in found]
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
     # A package that re-exports its submodules is not a circle: `pkg/__init__` -> `pkg.sub` only.
-    assert [" -> ".join(circle) for circle in circles] == []
+    assert circles(import_graph()) == []
 
 
 def test_the_check_sees_a_forbidden_arrow_and_a_circle(tmp_path: Path) -> None:
@@ -93,6 +98,15 @@ def test_the_check_sees_a_forbidden_arrow_and_a_circle(tmp_path: Path) -> None:
     known = {"project.model", "project.toolkit.bad", "project.toolkit.other"}
     assert imports_of(bad, "project.toolkit.bad", known) == {"project.model", "project.toolkit.other"}
     assert imports_of(bad.parent / "other.py", "project.toolkit.other", known) == {"project.toolkit.bad"}
+    graph = {
+        "project.model": set(),
+        "project.toolkit.bad": imports_of(bad, "project.toolkit.bad", known),
+        "project.toolkit.other": imports_of(bad.parent / "other.py", "project.toolkit.other", known),
+    }
+    assert circles(graph) == ["project.toolkit.bad -> project.toolkit.other -> project.toolkit.bad"]
+    assert circles({"a": {"b"}, "b": {"a"}}) == ["a -> b -> a"]
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b -> c -> b"]  # entered from outside the circle
+    assert circles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []  # a diamond: two paths, no circle
 
 
 def test_the_template_layer_is_small_enough_to_read_first() -> None:

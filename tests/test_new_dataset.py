@@ -16,6 +16,7 @@ import yaml
 from project.__main__ import main
 from project.toolkit.errors import DataError
 from tests.test_data import attach, on_device_batches
+from tests.test_dataset_choice import run_args
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "data.md"
 
@@ -122,10 +123,8 @@ def test_arrays_the_pipelines_cannot_take_are_refused_naming_the_data_set(
 
 
 def test_chosen_by_option_it_trains_and_tests(tiny_dir: Path, tmp_path: Path) -> None:
-    args = [f"--data={__name__}.TinyImages", f"--data.data_dir={tiny_dir}", "--data.image_size=32"]
-    args += ["--data.batch_size=8", "--data.val_size=8", "--data.num_workers=0", "--trainer.accelerator=cpu"]
-    args += ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.num_sanity_val_steps=0"]
-    args += ["--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"]
+    # the dataset-choice tests' fit, on this data set's file, at 32 px (the later option wins)
+    args = [*run_args(tmp_path, f"{__name__}.TinyImages"), f"--data.data_dir={tiny_dir}", "--data.image_size=32"]
     fit = main(["fit", *args])
     assert type(fit.datamodule) is TinyImages and fit.model.hparams.num_classes == 3
     assert {"train/loss", "val/acc"} <= fit.trainer.callback_metrics.keys()

@@ -192,7 +192,7 @@ def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_pipeline_runs_match_one_device_resume_exactly_and_serve_a_single_device(
-    tiny_args: list[str], cifar_root: Path, tmp_path: Path
+    tiny_args: list[str], tmp_path: Path
 ) -> None:
     """One pipeline fit (ResNet18, 2 processes, micro_batches=1) against a single-device fit of the same seed, a
     pipeline run resumed from the first epoch's checkpoint, and a single-device test of the last one."""

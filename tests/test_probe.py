@@ -30,6 +30,7 @@ from project.toolkit.bench.report import speedups
 from project.toolkit.callbacks.views import drop_epoch_scalar
 from project.toolkit.commands import top_level_help
 from project.toolkit.run_dirs import run_label, tensorboard_logdir_spec
+from tests.test_bad_input import one_error_line
 
 # --------------------------------------------------------------------------- scratch inputs
 
@@ -198,19 +199,6 @@ CASES: list[tuple[str, str, Arguments, str]] = [
 ]
 
 
-def run_case(subcommand: str, args: list[str], capsys: pytest.CaptureFixture) -> str:
-    """Run one command that must fail; its one error line (after checking the rest of the output)."""
-    with pytest.raises(SystemExit) as exit_info:
-        main([subcommand, *args])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and "usage:" not in err, err
-    errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, err
-    assert err.strip().splitlines()[-1] == errors[0]  # nothing after it
-    return errors[0]
-
-
 @pytest.mark.parametrize(("subcommand", "arguments", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_probe(
     tiny_args: list[str],
@@ -224,14 +212,14 @@ def test_probe(
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     args = arguments(scratch, monkeypatch) if callable(arguments) else arguments
-    line = run_case(subcommand, [*tiny_args, *args], capsys)
+    line = one_error_line(subcommand, [*tiny_args, *args], capsys)
     assert message in line, line
     assert not (tmp_path / "lightning_logs").exists()  # no half-made run folder
 
 
 def test_probe_taken_master_port(tiny_args: list[str], capsys, monkeypatch, taken_port: int, tmp_path: Path) -> None:
     monkeypatch.setenv("MASTER_PORT", str(taken_port))
-    line = run_case("fit", [*tiny_args, "--trainer.strategy=ddp", "--trainer.devices=2"], capsys)
+    line = one_error_line("fit", [*tiny_args, "--trainer.strategy=ddp", "--trainer.devices=2"], capsys)
     assert line == (
         f"error: MASTER_PORT={taken_port} is already in use on this machine (another run?); unset MASTER_PORT to let "
         "the run pick a free port, or set one that is free"
@@ -251,7 +239,7 @@ def test_probe_full_disk_while_saving_keeps_the_previous_checkpoint(
     # 1 step an epoch: epoch 0's last.ckpt (18 MB: weights and momentum) is written whole; from step 2 on no
     # file may pass 1 MB, so epoch 1's save fails part-way
     args = [*tiny_args, *QUICK, "--trainer.max_epochs=2"]
-    line = run_case("fit", [*args, f"--trainer.callbacks+={__name__}.FileSizeLimitAt"], capsys)
+    line = one_error_line("fit", [*args, f"--trainer.callbacks+={__name__}.FileSizeLimitAt"], capsys)
     checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
     assert line.startswith("error: could not save the checkpoint ") and f" into {checkpoints} (" in line, line
     assert "it needs about 18.0 MB, " in line and " free there; " in line and "last.ckpt is intact" in line, line

@@ -58,16 +58,17 @@ class Recorder(Callback):
     optimizer-state elements it held, how many evaluation batches it ran, and the final metrics;
     also, at every training and validation batch, what the strategy wrote on the module (``writes_on``),
     and which network the steps called (the strategy's view's, where it runs the steps through one).
-    With ``save_weights`` it also saves its final weights to ``<out>/rank<R>-weights.pt``."""
+    With ``save_weights`` it also saves its final weights to ``<out>/rank<R>-weights.pt``. ``own_net`` keeps
+    the module's network as it was at ``setup``, before the strategy set up."""
 
     def __init__(self, out: str = "records", save_weights: bool = False) -> None:
         self.out, self.save_weights = Path(out), save_weights
         self.record: dict[str, Any] = defaultdict(list)
-        self._own_net: Any = None
+        self.own_net: Any = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self.record.update(strategy=type(trainer.strategy).__name__, world_size=trainer.world_size)
-        self._own_net = pl_module.net
+        self.own_net = pl_module.net
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         view = getattr(trainer.strategy, "module_view", None)
@@ -89,7 +90,7 @@ class Recorder(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self.record["losses"].append(outputs["loss"].item())
-        self.record["module_writes"].append(writes_on(pl_module, self._own_net))
+        self.record["module_writes"].append(writes_on(pl_module, self.own_net))
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
         # After backward: under fsdp every unit is resharded now (the root unit keeps its parameters
@@ -109,7 +110,7 @@ class Recorder(Callback):
         self.record["val_batches"].append(trainer.current_epoch)
 
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
-        self.record["module_writes"].append(writes_on(pl_module, self._own_net))
+        self.record["module_writes"].append(writes_on(pl_module, self.own_net))
 
     def on_test_batch_start(self, trainer: Trainer, *args: Any) -> None:
         self.record["test_batches"].append(0)
@@ -208,7 +209,8 @@ def test_dp_runs_single_device_losses_and_wraps_only_the_network_in_a_view_not_o
         runs[strategy] = recorded(out / "records", "fit")
         runs[strategy]["stderr"] = capsys.readouterr().err
         runs[strategy]["net_after"] = type(cli.model.net).__name__
-        runs[strategy]["writes_after"] = writes_on(cli.model, cli.model.net)
+        recorder = next(c for c in cli.trainer.callbacks if isinstance(c, Recorder))
+        runs[strategy]["writes_after"] = writes_on(cli.model, recorder.own_net)  # the net it had before the run
         runs[strategy]["keys"] = sorted(last_checkpoint(out)["state_dict"])
 
     single = runs["auto"]

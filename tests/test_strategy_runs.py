@@ -36,9 +36,9 @@ STRATEGIES = {
 def run_project(*args: str, cwd: Path, timeout: float = 300, expect: int = 0, env: dict | None = None) -> str:
     """Run ``python -m project ARGS`` and return its stderr. It may start more processes (ddp's launcher
     does), so a run that outlives ``timeout`` -- a hang -- is killed with its whole process group.
-    ``env`` replaces the environment (PYTHONPATH is always added)."""
+    ``env`` replaces the environment; build it from ``os.environ``, which carries the PYTHONPATH that lets
+    the processes import tests/ (tests/conftest.py)."""
     command = [sys.executable, "-m", "project", *args]
-    env = {**(os.environ if env is None else env), "PYTHONPATH": str(REPO)}  # processes import tests/
     with subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     ) as process:
@@ -86,7 +86,7 @@ ARCH_RUNS += [("fsdp", USER_NET), ("fsdp", "resnet50")]
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "arch"), ARCH_RUNS, ids=[f"{s}-{a.rpartition('.')[2]}" for s, a in ARCH_RUNS])
-def test_fit_validate_test(strategy: str, arch: str, tiny_args: list[str], cifar_root: Path, tmp_path: Path) -> None:
+def test_fit_validate_test(strategy: str, arch: str, tiny_args: list[str], tmp_path: Path) -> None:
     strategy_args, world = STRATEGIES[strategy]
     # 41 validation images do not split evenly across 2 processes: fsdp must still not hang
     common = [*tiny_args, "--data.val_size=41", f"--model.arch={arch}", *strategy_args]
@@ -273,7 +273,7 @@ def test_two_nodes_under_torchrun_match_one_node_with_two_processes(tiny_args: l
     ]
     # One thread per process in both set-ups (Lightning's launcher picks cores / processes per node,
     # which differs between them): CPU kernels split work by thread count, and so round differently.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one_node = tmp_path / "one_node"
     run_project("fit", *common, "--trainer.devices=2", f"--trainer.default_root_dir={one_node}", cwd=tmp_path, env=env)
 

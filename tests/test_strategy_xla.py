@@ -37,7 +37,7 @@ def xla_env() -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_fit_resume_and_test_on_the_xla_cpu_device(tiny_args: list[str], cifar_root: Path, tmp_path: Path) -> None:
+def test_fit_resume_and_test_on_the_xla_cpu_device(tiny_args: list[str], tmp_path: Path) -> None:
     common = [*tiny_args, "--data.val_size=41", XLA_CPU]
     fit = [*common, "--trainer.max_epochs=2", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
     out = tmp_path / "records"
