@@ -72,10 +72,8 @@ bench-perf: $(VENV)/.installed-dev  ## the three performance benchmarks (ARGS go
 	$(PY) -m benchmarks.inference $(ARGS)
 	$(PY) -m benchmarks.input $(ARGS)
 
-# (in a variable: make's $(call) would split a literal [dev,parity] at its comma)
-PARITY_EXTRAS := [dev,parity]
 $(VENV)/.installed-parity: pyproject.toml
-	$(call install,$(VENV),$(PARITY_EXTRAS))
+	$(call install,$(VENV),$(PARITY_EXTRAS),torch_first)
 	touch $@ $(VENV)/.installed $(VENV)/.installed-dev
 
 # Learning parity: the template and the plain loop with the same recipe on scikit-learn's digits, 3 seeds
@@ -91,8 +89,9 @@ bench-parity: $(VENV)/.installed-parity  ## same test accuracy as the plain loop
 gpu-check: $(VENV)/.installed  ## check every CUDA path on this GPU (benchmarks/gpu_check.py)
 	$(PY) -m benchmarks.gpu_check $(ARGS)
 
-# In a variable because a comma written in $(call ...) would split its arguments.
+# In variables because a comma written in $(call ...) would split its arguments.
 XLA_EXTRAS := [xla,dev]
+PARITY_EXTRAS := [dev,parity]
 
 $(VENV_XLA)/.installed: pyproject.toml
 	$(call install,$(VENV_XLA),$(XLA_EXTRAS))

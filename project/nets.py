@@ -12,12 +12,11 @@ Kept apart from the LightningModule so a network can be used, tested or swapped 
 
 from __future__ import annotations
 
-import importlib
-
 import torchvision
 from torch import nn
 from torchvision.models import MobileNetV2, ResNet
 
+from project.toolkit.dotted import import_object
 from project.toolkit.errors import ProjectError
 from project.toolkit.strategies.blocks import default_blocks
 
@@ -58,11 +57,10 @@ def build_network(arch: str, num_classes: int, in_channels: int = 3) -> nn.Modul
 
 def _build_from_path(path: str, num_classes: int, in_channels: int) -> nn.Module:
     """Call the network factory ``package.module.name`` with the data set's class and channel counts."""
-    module_name, _, name = path.rpartition(".")
     try:
-        factory = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as err:
-        raise ProjectError(f"model.arch={path!r} cannot be imported ({err}); is its package on PYTHONPATH?") from None
+        factory = import_object(path)
+    except ProjectError as err:  # said as the option the path came from
+        raise ProjectError(f"model.arch={err}; is its package on PYTHONPATH?") from None
     net = factory(num_classes=num_classes, in_channels=in_channels)
     if not isinstance(net, nn.Module):
         raise ProjectError(f"model.arch={path!r} returned {type(net).__name__}, not an nn.Module")

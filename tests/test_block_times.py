@@ -52,3 +52,9 @@ def test_a_single_device_fit_times_its_declared_blocks(tiny_args: list[str], tmp
     assert times["batch_sizes"] == [20, 5]  # tiny_args' batch and a quarter of it
     assert all(len(row) == len(names) for row in times["forward"] + times["backward"])
     assert sum(times["backward"][0]) > 0
+
+
+def test_the_timing_can_be_switched_off(tiny_args: list[str], tmp_path: Path) -> None:
+    main(["fit", *tiny_args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--timing.block_times=false"])
+    timing = json.loads(next(tmp_path.glob("lightning_logs/version_*/timing.json")).read_text())
+    assert "units" in timing["network"] and "block_seconds" not in timing["network"]

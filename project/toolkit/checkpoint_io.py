@@ -12,6 +12,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from project.toolkit.errors import ProjectError
+from project.toolkit.measure.network import tensor_bytes
 from project.toolkit.preflight import human_bytes
 
 # What torch's file writer says when a write fails part-way (a full disk, a file size limit): it reports
@@ -44,17 +45,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise ProjectError(_write_failure(checkpoint, path, err)) from None
         finally:
             partial.unlink(missing_ok=True)
-
-
-def tensor_bytes(obj: Any) -> int:
-    """The bytes of every tensor in a (nested) checkpoint: about the size of its file."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
 
 
 def _write_failure(checkpoint: dict[str, Any], path: Path, err: BaseException) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from project.toolkit.dotted import chosen_class
+from project.toolkit.dotted import chosen_class, section_args
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 
@@ -48,7 +48,7 @@ def _defaults(cls: Any) -> dict[str, Any]:
 def _section(config: Any, fallback_class: Any) -> tuple[Any, Any]:
     """A config section's arguments and class: ``class_path``/``init_args`` (subclass mode) or plain."""
     cls = chosen_class(config)
-    return (config.get("init_args"), cls) if cls is not None else (config, fallback_class)
+    return section_args(config), cls if cls is not None else fallback_class
 
 
 def _differing(

@@ -36,6 +36,7 @@ import shutil
 import signal
 import sys
 from argparse import ArgumentError
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ from project.toolkit.checkpoint_settings import adopt_checkpoint_settings
 from project.toolkit.class_path_errors import class_path_error_line, project_error_within, unwrap_class_option_error
 from project.toolkit.commands import TRAINER_COMMANDS, config_shape_error, with_option_hints
 from project.toolkit.compat import is_subprocess_script_launcher
-from project.toolkit.dotted import chosen_class, import_object
+from project.toolkit.dotted import chosen_class, import_object, section_args
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.preflight import (
@@ -125,6 +126,9 @@ class ProjectCLI(LightningCLI):
 
     def __init__(self, *args: Any, default_data: str | None = None, **kwargs: Any) -> None:
         self.default_data = default_data
+        # What a checkpoint's settings put back once LightningCLI has read it (adopt_checkpoint_settings);
+        # nothing without a checkpoint.
+        self._restore_run_options: Callable[[Any], None] = lambda config: None
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -187,9 +191,9 @@ class ProjectCLI(LightningCLI):
         check_trainer_choices(trainer.get("strategy"), trainer.get("accelerator"), trainer.get("devices"))
         check_deepspeed_choice(trainer.get("strategy"), trainer.get("accelerator"))
         derive_settings(self.subcommand, config)
-        getattr(self, "_restore_run_options", lambda config: None)(config)  # after LightningCLI read the checkpoint
+        self._restore_run_options(config)  # after LightningCLI read the checkpoint
         data = config.get("data")
-        data_args = data.get("init_args") if data is not None and data.get("class_path") else data
+        data_args = section_args(data)
         if data_args is not None and isinstance(data_args.get("image_size"), int):
             check_batch_fits_memory(data_args.image_size, data_args.get("batch_size") or 1, data_in_channels(data))
         warn_cpu_oversubscription(trainer.get("devices"), trainer.get("accelerator"), torch.cuda.is_available())

@@ -31,3 +31,13 @@ def chosen_class(section: Any) -> Any:
     """
     class_path = section.get("class_path") if section is not None else None
     return import_object(class_path) if class_path else None
+
+
+def section_args(section: Any) -> Any:
+    """A config section's arguments: its ``init_args`` where the section names a class (``class_path``,
+    LightningCLI's subclass mode), else the section itself; None for None.
+
+    >>> section_args({"class_path": "x.Y", "init_args": {"lr": 0.1}}), section_args({"lr": 0.2})
+    ({'lr': 0.1}, {'lr': 0.2})
+    """
+    return section.get("init_args") if section is not None and section.get("class_path") else section

@@ -8,10 +8,18 @@ so these answer without importing either (a twentieth of a second), as does a mi
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
 from project.toolkit.commands import TRAINER_COMMANDS, top_level_help, unknown_command
+
+# The module whose main() answers each of the tool commands (commands.TOOL_COMMANDS, which the help lists).
+TOOLS = {
+    "bench": "project.toolkit.bench",
+    "compare": "project.toolkit.bench.compare",
+    "plan": "project.toolkit.bench.plan",
+}
 
 
 def main(args: list[str] | None = None, model: str = "", data: str = "") -> Any:
@@ -21,20 +29,8 @@ def main(args: list[str] | None = None, model: str = "", data: str = "") -> Any:
     if not argv or argv[0] in ("-h", "--help"):
         print(top_level_help())
         raise SystemExit(0 if argv else 2)
-    if argv[0] == "bench":
-        from project.toolkit.bench import main as bench_main
-
-        bench_main(argv[1:])
-        return
-    if argv[0] == "compare":
-        from project.toolkit.bench.compare import main as compare_main
-
-        compare_main(argv[1:])
-        return
-    if argv[0] == "plan":
-        from project.toolkit.bench.plan import main as plan_main
-
-        plan_main(argv[1:])
+    if argv[0] in TOOLS:  # imported only when asked for: no torch for any of them
+        importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
         return
     if not argv[0].startswith("-") and argv[0] not in TRAINER_COMMANDS:
         print(f"error: {unknown_command(argv[0])}", file=sys.stderr)

@@ -23,6 +23,7 @@ from typing import Any
 
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
+from project.toolkit.measure.environment import usable_cores
 
 log = get_logger(__name__)
 
@@ -70,19 +71,11 @@ def check_batch_fits_memory(image_size: int, batch_size: int, channels: int = 3,
         )
 
 
-def cpu_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask, which containers and ``taskset`` narrow)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def warn_cpu_oversubscription(devices: Any, accelerator: Any, cuda_available: bool, cores: int | None = None) -> None:
     """Warn when a CPU run asks for more processes (``--trainer.devices``) than there are CPU cores."""
     on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not cuda_available)
     count = devices if isinstance(devices, int) else int(devices) if str(devices).strip().isdigit() else None
-    cores = cpu_cores() if cores is None else cores
+    cores = usable_cores() if cores is None else cores
     if on_cpu and count is not None and count > cores:
         log.warning(
             "trainer.devices=%d starts %d CPU processes on this machine's %d CPU core(s): they share the cores. "

@@ -27,6 +27,8 @@ from typing import Any
 import yaml
 from jsonargparse import Namespace
 
+from project.toolkit.dotted import section_args
+
 DEFAULT_LOGGER_NAME = "lightning_logs"  # Lightning's default logger's folder
 TENSORBOARD_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"  # Lightning's default logger
 
@@ -66,8 +68,8 @@ SAME_SETUP = (
     "trainer.devices",
     "trainer.num_nodes",
     "trainer.precision",
-    "data.init_args.image_size",  # --data chooses the class: its options sit in init_args
-    "data.init_args.batch_size",
+    "data.image_size",  # setting() looks inside init_args where --data chose the class
+    "data.batch_size",
 )
 
 
@@ -142,7 +144,7 @@ def run_label(folder: Path) -> str:
         elif config_file.is_file():
             config = yaml.safe_load(config_file.read_text()) or {}
             trainer, model = config.get("trainer") or {}, config.get("model") or {}
-            arch = (model.get("init_args") or model).get("arch")
+            arch = (section_args(model) or {}).get("arch")
             setup = [trainer.get("strategy"), arch, f"{trainer.get('devices')}x{trainer.get('accelerator')}"]
     except (OSError, ValueError, yaml.YAMLError, AttributeError):
         setup = []

@@ -26,8 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from project.toolkit.bench.chart import chart_figure, write_chart
-from project.toolkit.bench.compare import write_chart_if_possible
+from project.toolkit.bench.chart import chart_figure, write_chart, write_chart_if_possible
 from project.toolkit.bench.config import SINGLE, BenchConfig, Cell, expand, load_config
 from project.toolkit.bench.matrix import MARKER, cell_args, collect, run_cell, run_folder, run_matrix
 from project.toolkit.bench.report import environment_section, speedups, write_csv, write_markdown

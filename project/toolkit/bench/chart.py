@@ -6,12 +6,16 @@ communication, optimizer, pipeline bubble, rest). matplotlib is imported only he
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 from project.toolkit.bench.report import speedups
 from project.toolkit.errors import ProjectError
+
+INSTALL_MATPLOTLIB = "pip install -e '.[bench]'"
 
 
 def _number(value: Any) -> float | None:
@@ -164,13 +168,29 @@ def write_chart(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def write_chart_if_possible(rows: list[dict[str, Any]], path: Path, title: str) -> str:
+    """Draw the chart where matplotlib is installed (the ``bench`` extra; ``make fit`` installs it); else
+    say in one line that it was skipped and why: the tables are the results, the chart only shows them.
+    Returns the result files written, as ``csv,md,png`` or ``csv,md``."""
+    if importlib.util.find_spec("matplotlib") is None:
+        print(
+            f"{path.name} skipped: the chart needs matplotlib, which is not installed ({INSTALL_MATPLOTLIB}); "
+            "the tables are written",
+            file=sys.stderr,
+            flush=True,
+        )
+        return "csv,md"
+    write_chart(rows, path, title)
+    return "csv,md,png"
+
+
 def chart_figure(rows: list[dict[str, Any]], title: str) -> Any:
     """Per arch (a column): seconds per epoch with speed-ups, throughput and latency, peak memory and
     step anatomy per rank; every bar labelled with its value. A matplotlib Figure."""
     try:
         import matplotlib
     except ImportError:
-        raise ProjectError("the chart needs matplotlib: pip install -e '.[bench]'") from None
+        raise ProjectError(f"the chart needs matplotlib: {INSTALL_MATPLOTLIB}") from None
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 

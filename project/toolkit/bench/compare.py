@@ -12,7 +12,6 @@ Nothing is trained. Cheap to import: the chart imports matplotlib when it draws.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
@@ -20,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from project.toolkit.bench.chart import write_chart
+from project.toolkit.bench.chart import write_chart_if_possible
 from project.toolkit.bench.config import SINGLE
 from project.toolkit.bench.report import write_csv, write_markdown
 from project.toolkit.commands import OneLineParser
@@ -109,22 +108,6 @@ def compare(run_dirs: list[str], out: Path, command: str) -> list[dict[str, Any]
     written = write_chart_if_possible(rows, out / "results.png", f"{len(rows)} runs compared")
     print(f"compare: {len(rows)} runs; results in {out}/results.{{{written}}}", flush=True)
     return rows
-
-
-def write_chart_if_possible(rows: list[dict[str, Any]], path: Path, title: str) -> str:
-    """Draw the chart where matplotlib is installed (the ``bench`` extra; ``make fit`` installs it); else
-    say in one line that it was skipped and why: the tables are the results, the chart only shows them.
-    Returns the result files written, as ``csv,md,png`` or ``csv,md``."""
-    if importlib.util.find_spec("matplotlib") is None:
-        print(
-            f"{path.name} skipped: the chart needs matplotlib, which is not installed "
-            "(pip install -e '.[bench]'); the tables are written",
-            file=sys.stderr,
-            flush=True,
-        )
-        return "csv,md"
-    write_chart(rows, path, title)
-    return "csv,md,png"
 
 
 def main(argv: list[str] | None = None) -> None:

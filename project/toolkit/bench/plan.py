@@ -140,7 +140,7 @@ def read_run(path: Path) -> Measured:
         activation_bytes_per_sample=network.get("activation_bytes_per_sample", 0),
         optimizer_state_bytes=network.get("optimizer_state_bytes", 0),
         peak_memory_mb=peaks[0],
-        image_bytes_per_sample=3 * int(timing.get("image_size") or 0) ** 2 * 4,  # float32 RGB, as the loader gives
+        image_bytes_per_sample=network.get("input_bytes_per_sample", 3 * int(timing.get("image_size") or 0) ** 2 * 4),
         units=network.get("units", []),
         block_seconds=network.get("block_seconds"),
         name=str(file),
@@ -260,10 +260,9 @@ class Prediction:
         return self.samples_per_step / self.step
 
 
-def _share(run: Measured, target: Target) -> tuple[float, float]:
-    """(fraction of the run's samples one data-parallel device computes, slow-down of multi-threaded work)."""
-    per_device = 1.0 / target.world if target.batch == "global" else 1.0
-    return per_device, target.slowdown
+def _device_share(target: Target, devices: int) -> float:
+    """The fraction of the run's samples one of ``devices`` data-parallel devices computes."""
+    return 1.0 / devices if target.batch == "global" else 1.0
 
 
 def _states_mb(run: Measured) -> float:
@@ -291,7 +290,7 @@ def predict_single(run: Measured, target: Target) -> Prediction:
 def predict_ddp(run: Measured, target: Target, link: Link) -> Prediction:
     """One process per device: its share of the batch, the gradients all-reduced in buckets during the
     backward, BatchNorm's buffers broadcast at each forward, the whole optimizer step on every device."""
-    q, slow = _share(run, target)
+    q, slow = _device_share(target, target.world), target.slowdown
     world = target.world
     backward = run.backward * q * slow
     exposed = ddp_exposed_seconds(ddp_buckets(run.parameter_bytes), backward, world, link)
@@ -307,7 +306,7 @@ def predict_fsdp(run: Measured, target: Target, link: Link, overlap: bool) -> Pr
     """FSDP (ZeRO-3): every unit's parameters all-gathered before its forward and again before its backward,
     its gradients reduce-scattered after; states sharded. On a CPU (gloo) FSDP2 runs these collectives
     synchronously (none hidden); on GPUs each overlaps the compute of the unit before it."""
-    q, slow = _share(run, target)
+    q, slow = _device_share(target, target.world), target.slowdown
     world = target.world
     groups = max(1, sum(1 for unit in run.units if unit[2] > 0))
     gather = all_gather_seconds(run.parameter_bytes, world, link) + (groups - 1) * (world - 1) * link.latency
@@ -382,9 +381,9 @@ def predict_pipeline(run: Measured, target: Target, link: Link) -> Prediction:
     batch; each stage's optimizer updates its own parameters. With shared cores a stage computes alone in
     the bubble, on every core: the step is then at least the whole network's compute."""
     stages, m = target.world, target.micro_batches
-    _, slow = _share(run, target)
+    slow = target.slowdown
     samples = run.batch_size  # one pipeline, no replicas: the whole batch goes through every stage
-    costs = [float(unit[1]) for unit in run.units] or [1.0]
+    costs = [float(unit[1]) or 1.0 for unit in run.units] or [1.0]  # as the strategy counts a block of no FLOPs
     groups = balanced_stages(costs, stages) if len(costs) >= stages else [list(range(len(costs)))]
     forward, backward, how = stage_seconds(run, groups, m)
     forward, backward = [f * slow for f in forward], [b * slow for b in backward]
@@ -418,7 +417,7 @@ def predict_dp(run: Measured, target: Target, link: Link) -> Prediction:
     if devices < 2:
         single = predict_single(run, target)
         return Prediction("dp", 1, single.parts, single.samples_per_step, single.memory_mb, "one device (CPU)")
-    q, _ = _share(run, Target(devices, 1, target.batch))
+    q = _device_share(target, devices)
     samples = round(run.batch_size * q * devices)
     copies = (devices - 1) / devices * samples * run.image_bytes_per_sample / link.bandwidth  # scatter the images
     copies += (devices - 1) * run.parameter_bytes / link.bandwidth  # replicate: the parameters to every device
@@ -526,40 +525,46 @@ def check_target(args: argparse.Namespace) -> None:
         raise ProjectError(f"plan --link-gbps={args.link_gbps} is not allowed: it must be a number > 0")
 
 
-def core_slowdown(run: Measured, args: argparse.Namespace) -> float:
-    """How much slower each device runs the multi-threaded work than the run did (see :class:`Target`).
+def core_slowdown(run: Measured, shared_cores: str, devices: int, nodes: int = 1) -> float:
+    """How much slower each device runs the multi-threaded work than the run did (see :class:`Target`):
+    ``shared_cores`` is ``--shared-cores`` (``yes``: ``devices x nodes``; ``no``: 1).
 
     With ``auto``, for a CPU run on one node: N processes of ``max(1, cores // N)`` threads each (what
     Lightning gives them) on the machine's cores, against the run's threads; N where those are unknown; 1
     elsewhere (devices of their own).
 
     >>> run = Measured("cpu", 1, 32, 0, 0, 0, 0, 0, 1, 0, 0, 0, None, threads=2, cores=2)
-    >>> args = argparse.Namespace(shared_cores="auto", devices=2, nodes=1)
-    >>> core_slowdown(run, args), core_slowdown(Measured(**{**run.__dict__, "threads": 1}), args)
+    >>> core_slowdown(run, "auto", 2), core_slowdown(Measured(**{**run.__dict__, "threads": 1}), "auto", 2)
     (2.0, 1.0)
     """
-    if args.shared_cores != "auto":
-        return float(args.devices * args.nodes) if args.shared_cores == "yes" else 1.0
-    if run.accelerator != "cpu" or args.nodes != 1:
+    if shared_cores != "auto":
+        return float(devices * nodes) if shared_cores == "yes" else 1.0
+    if run.accelerator != "cpu" or nodes != 1:
         return 1.0
     if not run.threads or not run.cores:
-        return float(args.devices)
-    per_process = max(1, run.cores // args.devices)
-    return max(1.0, run.threads / per_process * max(1.0, args.devices * per_process / run.cores))
+        return float(devices)
+    per_process = max(1, run.cores // devices)
+    return max(1.0, run.threads / per_process * max(1.0, devices * per_process / run.cores))
+
+
+def link_from(gbps: float | None, latency_us: float) -> Link:
+    """The link given (``--link-gbps``, ``--link-latency-us``), or measured here by a gloo all-reduce
+    benchmark (:mod:`project.toolkit.measure.link`) where no bandwidth is given."""
+    if gbps is not None:
+        return Link(latency_us * 1e-6, gbps * 1e9 / 8, f"given: {gbps:g} Gbit/s")
+    from project.toolkit.measure.link import measure_link
+
+    measured = measure_link()
+    return Link(measured["latency_s"], measured["bandwidth_bytes_per_s"], "measured here (gloo all_reduce)")
 
 
 def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, Any]]:
     """The table (text) and the JSON record of ``python -m project plan``."""
     check_target(args)
     run = read_run(args.run_dir)
-    target = Target(args.devices, args.nodes, args.batch, args.micro_batches, core_slowdown(run, args))
-    if args.link_gbps is not None:
-        link = Link(args.link_latency_us * 1e-6, args.link_gbps * 1e9 / 8, f"given: {args.link_gbps:g} Gbit/s")
-    else:
-        from project.toolkit.measure.link import measure_link
-
-        measured = measure_link()
-        link = Link(measured["latency_s"], measured["bandwidth_bytes_per_s"], "measured here (gloo all_reduce)")
+    slowdown = core_slowdown(run, args.shared_cores, args.devices, args.nodes)
+    target = Target(args.devices, args.nodes, args.batch, args.micro_batches, slowdown)
+    link = link_from(args.link_gbps, args.link_latency_us)
     predictions = plan(run, target, link)
     lines = [
         f"Plan from {run.name}: {run.accelerator}, global batch {run.batch_size}, measured step {run.step:.3f} s",
@@ -571,6 +576,11 @@ def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, An
         "",
         "Formulas and what they leave out: docs/plan.md.",
     ]
+    if run.world_size > 1:  # its rank 0's step stands for the run: right for ddp's share, not for a pipeline
+        lines.append(
+            f"The run had {run.world_size} processes: the plan reads rank 0's step as the run's; "
+            "a single-device run is the plan's intended input."
+        )
     record = {
         "command": command,
         "run": run.name,

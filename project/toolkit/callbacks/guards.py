@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from project.toolkit.callbacks.summary import shown_path
 from project.toolkit.compat import is_subprocess_script_launcher, last_global_step_saved
+from project.toolkit.dotted import section_args
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.preflight import human_bytes
@@ -45,7 +46,7 @@ def out_of_memory_message(error: BaseException, data_config: Any = None) -> str 
     True
     """
     text = str(error)
-    args = data_config.get("init_args") if data_config is not None and data_config.get("class_path") else data_config
+    args = section_args(data_config)
     now = {
         key: f" (now {args.get(key)})" if args is not None and args.get(key) is not None else ""
         for key in ("batch_size", "image_size")

@@ -51,28 +51,6 @@ class TrainingValuesOnBar:
                     self.step_values[shown] = f"{value:.3g}" if shown == "lr" else f"{value:.3f}"
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # type: ignore[misc]
 
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        super().on_train_end(trainer, pl_module)  # type: ignore[misc]
-        self._finish(trainer, pl_module)
-
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        super().on_validation_epoch_end(trainer, pl_module)  # type: ignore[misc]
-        if trainer.state.fn == "validate":  # the validate command, not fit's validation epochs
-            self._finish(trainer, pl_module)
-
-    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        super().on_test_epoch_end(trainer, pl_module)  # type: ignore[misc]
-        self._finish(trainer, pl_module)
-
-    def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        super().on_predict_epoch_end(trainer, pl_module)  # type: ignore[misc]
-        self._finish(trainer, pl_module)
-
-    def _finish(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Draw the bar one last time and let go of the terminal now (the rich bar's teardown, which Lightning
-        calls only after the end-of-stage hooks that print the timing table and the summary)."""
-        self.teardown(trainer, pl_module, str(trainer.state.stage or ""))  # type: ignore[attr-defined]
-
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
         shown = super().get_metrics(trainer, pl_module)  # type: ignore[misc]
         shown.pop("v_num", None)
@@ -95,6 +73,29 @@ class RichTrainingBar(TrainingValuesOnBar, RichProgressBar):
 
     def __init__(self, refresh_rate: int = 10, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        self._finish(trainer, pl_module)
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_validation_epoch_end(trainer, pl_module)
+        if trainer.state.fn == "validate":  # the validate command, not fit's validation epochs
+            self._finish(trainer, pl_module)
+
+    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_test_epoch_end(trainer, pl_module)
+        self._finish(trainer, pl_module)
+
+    def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_predict_epoch_end(trainer, pl_module)
+        self._finish(trainer, pl_module)
+
+    def _finish(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Draw the bar one last time and let go of the terminal now (its teardown, which Lightning calls only
+        after the end-of-stage hooks that print the timing table and the summary; tqdm's bars close at
+        each stage's end already)."""
+        self.teardown(trainer, pl_module, str(trainer.state.stage or ""))
 
 
 # The template's default bar (``--callbacks.progress_bar``); its options (``--progress_bar.*``) are

@@ -59,14 +59,14 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from torch import nn
 
 from project.toolkit.compat import lightning_log_step
-from project.toolkit.data.datamodule import data_settings
+from project.toolkit.data.datamodule import data_settings, image_channels
 from project.toolkit.data.input_path import data_wait_advice, machine_of
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.measure import anatomy, block_times, flops, probes
 from project.toolkit.measure.devices import CudaEventClock, DeviceClock, HostClock, device_clock, peak_memory_mb
 from project.toolkit.measure.environment import run_environment
-from project.toolkit.measure.network import network_profile
+from project.toolkit.measure.network import network_profile, tensor_bytes
 from project.toolkit.measure.recorders import InferenceRecorder, TrainRecorder
 from project.toolkit.measure.stats import clean
 from project.toolkit.measure.summary import (
@@ -102,8 +102,10 @@ class TimingCallback(Callback):
             step is split into data wait, compute, communication, optimizer, pipeline bubble and the rest
             (``step_anatomy`` in ``timing.json``, :mod:`project.toolkit.measure.anatomy`); 0 switches it off.
             Only inside these steps is anything more marked, and the device waited for at their two ends.
-            A single-device fit then also times each of the network's declared blocks, after the fit, at the
-            batch size and a quarter of it (``network.block_seconds``, :mod:`project.toolkit.measure.block_times`).
+        block_times: After a single-device fit, time each of the network's declared blocks, forward and
+            backward, at the batch size and a quarter of it (``network.block_seconds``, what
+            ``python -m project plan`` predicts a pipeline from; :mod:`project.toolkit.measure.block_times`).
+            It costs about as much as 2-3 training steps, once, after the last one.
 
     Attributes:
         make_clock: Builds the clock for a device, ``(device, sync_every_step) -> DeviceClock``;
@@ -116,6 +118,7 @@ class TimingCallback(Callback):
         sync_every_step: bool = False,
         peak_tflops: float | None = None,
         anatomy_steps: int = 5,
+        block_times: bool = True,
     ):
         if warmup_iterations < 0:
             raise ProjectError(f"timing.warmup_iterations={warmup_iterations} is not allowed: it must be >= 0")
@@ -125,6 +128,7 @@ class TimingCallback(Callback):
             raise ProjectError(f"timing.anatomy_steps={anatomy_steps} is not allowed: it must be >= 0 (0: off)")
         self.warmup_iterations = warmup_iterations
         self.anatomy_steps = anatomy_steps
+        self.block_times = block_times
         self.sync_every_step = sync_every_step
         self.peak_tflops = peak_tflops
         self.make_clock: Callable[[torch.device, bool], DeviceClock] = device_clock
@@ -137,6 +141,7 @@ class TimingCallback(Callback):
         self._flops: dict[str, float] | None = None
         self._network: dict[str, Any] | None = None
         self._images_like: tuple | None = None
+        self._blocks: list | None = None  # the network's declared blocks, for the timing after the fit
         self._anatomy = anatomy.AnatomyWindow(self._clock, 0, 0)
         self._ddp_probe: probes.DDPProbe | None = None
 
@@ -148,8 +153,8 @@ class TimingCallback(Callback):
         if self._flops is None:  # before any strategy wraps or shards the network
             self._flops = _counted(trainer, pl_module, flops.model_flops_per_sample)
         if stage == "fit" and self._network is None:  # what python -m project plan needs of the network
-            blocks = checked_blocks_or_none(pl_module)
-            units = [(block.name, block.module) for block in blocks] if blocks else None
+            self._blocks = checked_blocks_or_none(pl_module)
+            units = [(block.name, block.module) for block in self._blocks] if self._blocks else None
             self._network = _counted(trainer, pl_module, network_profile, blocks=units)
         if stage == "fit":  # the clock of fit_seconds starts here: the data is set up, the model not yet
             self._train = TrainRecorder(self._clock, self._clock.wait())
@@ -166,8 +171,8 @@ class TimingCallback(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._train.start_batch()
-        self._anatomy.batch_start(batch_idx)
-        if self._images_like is None:  # what the blocks' timing after the fit feeds them
+        self._anatomy.batch_start()
+        if self.block_times and self._images_like is None:  # what the blocks' timing after the fit feeds them
             self._images_like = block_times.images_like(batch)
 
     def on_train_batch_end(
@@ -237,9 +242,10 @@ class TimingCallback(Callback):
         if self._network is not None:
             report["network"] = {**self._network, "optimizer_state_bytes": _optimizer_state_bytes(trainer)}
             # After the fit, so no step is touched; python -m project plan predicts a pipeline from it.
-            blocks = block_times.probe_after_fit(trainer, pl_module, self._images_like) if self.anatomy_steps else None
-            if blocks is not None:
-                report["network"]["block_seconds"] = blocks
+            if self.block_times and self._blocks:
+                times = block_times.probe_after_fit(trainer, pl_module, self._blocks, self._images_like)
+                if times is not None:
+                    report["network"]["block_seconds"] = times
         scalars = {f"time/summary/{k}": v for k, v in report.items() if isinstance(v, float)}
         for rank, parts in enumerate(step_anatomy["ranks"] if step_anatomy else []):
             scalars.update({f"time/step_anatomy/{k}/rank{rank}": v for k, v in parts.items() if k in anatomy.FIELDS})
@@ -374,7 +380,7 @@ def _counted(trainer: Trainer, pl_module: LightningModule, count: Callable[..., 
     feed = {
         "image_size": image_size,
         "channels_last": bool(hparams.get("channels_last")),
-        "in_channels": int(hparams.get("in_channels", 3)),
+        "in_channels": image_channels(trainer),
     }
     shapes = tuple((name, tuple(p.shape)) for name, p in net.named_parameters())
     key = (count.__name__, type(net).__qualname__, shapes, *feed.values())
@@ -385,13 +391,7 @@ def _counted(trainer: Trainer, pl_module: LightningModule, count: Callable[..., 
 
 def _optimizer_state_bytes(trainer: Trainer) -> int:
     """Bytes of this rank's optimizer state (momentum, Adam's moments, ...), at the fit's end."""
-    return sum(
-        value.numel() * value.element_size()
-        for optimizer in trainer.optimizers
-        for state in optimizer.state.values()
-        for value in state.values()
-        if isinstance(value, torch.Tensor)
-    )
+    return sum(tensor_bytes(optimizer.state) for optimizer in trainer.optimizers)
 
 
 def _sample_copies(trainer: Trainer) -> int:

@@ -135,7 +135,7 @@ class ImageArrayDataModule(LightningDataModule):
         self.data_dir = Path(data_dir)
         self.label_names: list[str] = [str(i) for i in range(self.num_classes)]
         self._datasets: dict[str, ImageArrayDataset] = {}
-        # on_device: each split's images (uint8, N x C x H x W) and labels on the accelerator
+        # on_device: each split's images (uint8, N x H x W x C, as the arrays come) and labels on the accelerator
         self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._input_path: InputPath | None = None  # chosen in setup, from the options and the machine
 
@@ -379,6 +379,11 @@ class ImageArrayDataModule(LightningDataModule):
             images, labels = self._on_device["test" if self.trainer.testing or self.trainer.predicting else "val"]
             batch = to_model_input(rows_of(images, batch), size, mean, std), labels.index_select(0, batch)
         return self.trainer.precision_plugin.convert_input(batch)
+
+
+def image_channels(trainer: Any) -> int:
+    """Channels of the images ``trainer``'s data module gives (its ``in_channels``); 3 where it does not say."""
+    return int(getattr(trainer.datamodule, "in_channels", 3)) if trainer.datamodule is not None else 3
 
 
 def data_settings(trainer: Any) -> Mapping[str, Any]:

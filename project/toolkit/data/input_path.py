@@ -32,6 +32,8 @@ from typing import Any, Literal
 
 import torch
 
+from project.toolkit.measure.environment import usable_cores
+
 AUTO: Literal["auto"] = "auto"
 MEMORY_SHARE = 0.25
 """``on_device=auto`` keeps the data set on the device when it takes at most this share of the device's
@@ -190,7 +192,7 @@ def machine_of(trainer: Any) -> Machine:
     """The facts of the machine the ``trainer``'s process trains on (without a Trainer: this CPU)."""
     device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
     processes = max(1, int(getattr(trainer, "num_devices", 1) or 1)) if trainer is not None else 1
-    return Machine(device.type, device_memory_bytes(device), _usable_cpus(), processes)
+    return Machine(device.type, device_memory_bytes(device), usable_cores(), processes)
 
 
 def device_memory_bytes(device: torch.device) -> int | None:
@@ -203,7 +205,3 @@ def device_memory_bytes(device: torch.device) -> int | None:
         except (AttributeError, ValueError, OSError):  # not a POSIX system
             return None
     return None
-
-
-def _usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

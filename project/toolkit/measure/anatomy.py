@@ -3,7 +3,7 @@
 Over a short window of steady training steps (``--timing.anatomy_steps``, 5 by default) every rank marks
 the points of each step that Lightning and the strategy pass through -- the batch's start, the backward's
 start and end, the optimizer's start and end, the batch's end -- and the intervals in which it waited for
-communication (:mod:`project.toolkit.measure.collectives`) or, in a pipeline, for the other stages. At the
+communication (:mod:`project.toolkit.measure.probes`) or, in a pipeline, for the other stages. At the
 window's end it waits for the device once and splits each step into:
 
 - ``data_wait``: from the previous step's end to this one's start (the loader, the copy, the loop);
@@ -186,7 +186,7 @@ class AnatomyWindow:
     batches and (b) not the epoch's first (whose wait includes starting the loader), in the first epoch
     long enough to hold it; with epochs shorter than ``steps + 1`` batches, the window is every batch of
     an epoch but the first. ``clock`` marks and waits; the probes
-    (:mod:`project.toolkit.measure.collectives`) add communication waits through :meth:`waiting` and a
+    (:mod:`project.toolkit.measure.probes`) add communication waits through :meth:`waiting` and a
     pipeline's schedule through :meth:`mark_interval`.
     """
 
@@ -200,7 +200,6 @@ class AnatomyWindow:
         self.result: dict[str, Any] | None = None  # this rank's figures, once the window closed
         self._marks: list[_Step] = []
         self._intervals: dict[str, list[tuple[Any, Any]]] = {}
-        self._started: dict[str, Any] = {}
         self._host_start = 0.0
         self._depth = threading.local()
         self.on_open: list[Callable[[], None]] = []  # the probes' installers and removers
@@ -230,7 +229,8 @@ class AnatomyWindow:
 
     # -- marks --------------------------------------------------------------------------------------
 
-    def batch_start(self, batch_idx: int) -> None:
+    def batch_start(self) -> None:
+        """The start of a training batch: the current step's start, inside the window."""
         if self.open and self._marks and self._marks[-1].start is None:
             self._marks[-1].start = self.clock.mark()
 
@@ -262,9 +262,9 @@ class AnatomyWindow:
                 install()
 
     @contextmanager
-    def waiting(self, kind: str = "communication") -> Iterator[None]:
-        """Time the body as a wait of ``kind`` (``communication``); a wait inside another is not counted
-        again. Nothing is marked outside the window."""
+    def waiting(self) -> Iterator[None]:
+        """Time the body as a communication wait; a wait inside another is not counted again. Nothing is
+        marked outside the window."""
         depth = getattr(self._depth, "value", 0)
         if not self.open or depth:
             yield
@@ -275,7 +275,7 @@ class AnatomyWindow:
             yield
         finally:
             self._depth.value = 0
-            self.mark_interval(kind, start, self.clock.mark())
+            self.mark_interval("communication", start, self.clock.mark())
 
     def mark(self) -> Any:
         """A mark of the window's clock, for a probe that times an interval itself."""

@@ -3,12 +3,12 @@ pipeline's micro-batch size: what ``python -m project plan`` needs to predict a 
 balanced by FLOPs but take the time their blocks take (on a CPU the late, small-image blocks of a ResNet run
 far below the FLOP rate of the early ones, and a micro-batch runs slower per image than the whole batch).
 
-Measured once, after a single-device fit (the timing callback's ``on_fit_end``), so no training step is
-touched: each size runs forward and backward ``repeats`` times on random images of the batch's shape, block
-after block, with a wait for the device and a clock reading at every block boundary (forward: around each
-block; backward: when the gradient reaches each block's input, by a hook on it). The fastest repeat counts.
-The network's state is left as it was: its buffers (BatchNorm's running statistics), its gradients and the
-random generators are put back.
+Measured once, after a single-device fit (the timing callback's ``on_fit_end``; ``--timing.block_times``),
+so no training step is touched: each size runs forward and backward ``repeats`` times on random images of
+the batch's shape, block after block, with a wait for the device and a clock reading at every block boundary
+(forward: around each block; backward: when the gradient reaches each block's input, by a hook on it). The
+fastest repeat counts. The network's state is left as it was: its buffers (BatchNorm's running statistics),
+its gradients and the random generators are put back.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch import nn
 
 from project.toolkit.measure.devices import SyncingClock, synchronizer
-from project.toolkit.strategies.blocks import checked_blocks_or_none
+from project.toolkit.strategies.blocks import Block
 
 MICRO_BATCHES = 4  # the pipeline strategy's default micro-batches: the second size measured is batch / 4
 
@@ -35,16 +35,16 @@ def images_like(batch: Any) -> tuple[tuple[int, ...], tuple[int, ...], torch.dty
 
 
 def probe_after_fit(
-    trainer: Trainer, pl_module: LightningModule, like: tuple[tuple[int, ...], tuple[int, ...], torch.dtype] | None
+    trainer: Trainer,
+    pl_module: LightningModule,
+    blocks: Sequence[Block],
+    like: tuple[tuple[int, ...], tuple[int, ...], torch.dtype] | None,
 ) -> dict[str, Any] | None:
-    """:func:`block_seconds` of a finished single-device fit on a CPU or a CUDA GPU, with random images
-    ``like`` its batches (:func:`images_like`); None where that does not apply: several processes or
-    devices, another accelerator, a network that declares no blocks, or no batch seen."""
+    """:func:`block_seconds` of the ``blocks`` of a finished single-device fit on a CPU or a CUDA GPU, with
+    random images ``like`` its batches (:func:`images_like`); None where that does not apply: several
+    processes or devices, another accelerator, or no batch seen."""
     device = trainer.strategy.root_device
     if not (isinstance(trainer.strategy, SingleDeviceStrategy) and device.type in ("cpu", "cuda") and like):
-        return None
-    blocks = checked_blocks_or_none(pl_module)
-    if blocks is None:
         return None
     shape, stride, dtype = like
     prepare = getattr(pl_module, "prepare_images", lambda x: x)

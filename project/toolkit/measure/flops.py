@@ -62,7 +62,7 @@ def _counted_flops(run: Any) -> int:
     return counter.get_total_flops()
 
 
-def _meta_copy(net: nn.Module) -> nn.Module:
+def meta_copy(net: nn.Module) -> nn.Module:
     """A deep copy of ``net`` whose parameters and buffers live on the ``meta`` device: shapes without data.
 
     The copy is made with the tensors already replaced (``deepcopy``'s memo), so the network's weights are
@@ -107,7 +107,7 @@ def model_flops_per_sample(
     >>> model_flops_per_sample(nn.Sequential(nn.Flatten(), nn.Linear(3 * 2 * 2, 5)), image_size=2)
     {'train': 240, 'inference': 120}
     """
-    model = _meta_copy(net)
+    model = meta_copy(net)
     images = torch.empty(2, in_channels, image_size, image_size, device="meta")
     if channels_last:
         model = model.to(memory_format=torch.channels_last)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from project.toolkit.measure.flops import _FLOP_FORMULAS, _meta_copy
+from project.toolkit.measure.flops import _FLOP_FORMULAS, meta_copy
 
 
 def _units(net: nn.Module) -> dict[nn.Module, str]:
@@ -30,11 +30,19 @@ def _units(net: nn.Module) -> dict[nn.Module, str]:
     return units or {net: type(net).__name__}
 
 
-def _bytes(output: Any) -> int:
-    if isinstance(output, torch.Tensor):
-        return output.numel() * output.element_size()
-    if isinstance(output, list | tuple):
-        return sum(_bytes(o) for o in output)
+def tensor_bytes(obj: Any) -> int:
+    """The bytes of every tensor in a (nested) dict, list or tuple: a unit's output, an optimizer's state,
+    a checkpoint (about the size of its file).
+
+    >>> tensor_bytes({"a": torch.zeros(4), "b": [torch.zeros(2, dtype=torch.float64), 3]})
+    32
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(tensor_bytes(v) for v in obj)
     return 0
 
 
@@ -45,8 +53,9 @@ def network_profile(
     in_channels: int = 3,
     blocks: list[tuple[str, nn.Module]] | None = None,
 ) -> dict[str, Any]:
-    """``parameters`` (count), ``parameter_bytes``, ``buffer_bytes``, ``activation_bytes_per_sample`` (the
-    tensors one training forward saves for its backward, per image, parameters left out) and ``units``
+    """``parameters`` (count), ``input_bytes_per_sample`` (one float32 image), ``parameter_bytes``,
+    ``buffer_bytes``, ``activation_bytes_per_sample`` (the tensors one training forward saves for its
+    backward, per image, parameters left out) and ``units``
     (``[name, forward FLOPs, parameters, output bytes]`` per image, in the forward's order); ``blocks``: the
     network's declared blocks, which are then the units.
 
@@ -56,7 +65,7 @@ def network_profile(
     """
     # One copy of the network, or of its blocks, on the meta device. BatchNorm in training mode needs 2 or
     # more values: a batch of 2, halved.
-    model = _meta_copy(nn.ModuleList([module for _, module in blocks]) if blocks else net).train()
+    model = meta_copy(nn.ModuleList([module for _, module in blocks]) if blocks else net).train()
     batch = 2
     images = torch.empty(batch, in_channels, image_size, image_size, device="meta")
     if channels_last:
@@ -83,7 +92,7 @@ def network_profile(
         def after(module: nn.Module, args: Any, output: Any, name: str = name) -> None:
             flops = counter.get_total_flops() - start_flops[module]
             params = sum(p.numel() for p in module.parameters())
-            rows.append([name, flops // batch, params, _bytes(output) // batch])
+            rows.append([name, flops // batch, params, tensor_bytes(output) // batch])
 
         handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
     try:
@@ -98,6 +107,7 @@ def network_profile(
             handle.remove()
     return {
         "parameters": sum(p.numel() for p in net.parameters()),
+        "input_bytes_per_sample": in_channels * image_size**2 * 4,  # float32, as the loaders give the images
         "parameter_bytes": sum(p.numel() * p.element_size() for p in net.parameters()),
         "buffer_bytes": sum(b.numel() * b.element_size() for b in net.buffers()),
         "activation_bytes_per_sample": saved[0] // batch,

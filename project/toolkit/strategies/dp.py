@@ -183,9 +183,9 @@ def check_batch_splits_evenly(batch_size: int, num_gpus: int) -> None:
     every replica does the same work (and BatchNorm sees the same number of images on each).
 
     >>> check_batch_splits_evenly(256, 4)
-    >>> check_batch_splits_evenly(30, 4)  # doctest: +IGNORE_EXCEPTION_DETAIL
+    >>> check_batch_splits_evenly(30, 4)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ProjectError: data.batch_size=30 does not split evenly across the 4 GPUs of dp; use a multiple of 4
+    project.toolkit.errors.ProjectError: data.batch_size=30 does not split evenly across the 4 GPUs ... multiple of 4
     """
     if num_gpus > 1 and batch_size % num_gpus:
         raise ProjectError(

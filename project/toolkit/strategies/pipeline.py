@@ -43,7 +43,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.optim import Optimizer
 
 from project.toolkit.compat import StrategyRegistryType
-from project.toolkit.data.datamodule import data_settings
+from project.toolkit.data.datamodule import data_settings, image_channels
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.measure.bubble import BubbleMeter
@@ -183,7 +183,7 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
         blocks = module_blocks(module, "pipeline")
         check_covers(net, blocks, "pipeline")
         image_size = data_settings(trainer).get("image_size")
-        costs = block_costs(blocks, image_size, int(module.hparams.get("in_channels", 3)))
+        costs = block_costs(blocks, image_size, image_channels(trainer))
         plan = plan_split(blocks, costs, self.world_size, self.split)
         cost_of = {b.name: cost for b, cost in zip(blocks, costs, strict=True)}
         stage_costs = [sum(cost_of[b.name] for b in stage) for stage in plan]  # FLOPs, or parameters

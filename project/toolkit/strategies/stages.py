@@ -11,7 +11,6 @@ trains the network's parameters and a checkpoint keeps the network's key names.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
@@ -20,6 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from project.toolkit.balance import balanced_starts
 from project.toolkit.errors import ProjectError
+from project.toolkit.measure.flops import meta_copy
 from project.toolkit.strategies.blocks import Block
 
 
@@ -30,11 +30,7 @@ def block_costs(blocks: list[Block], image_size: int | None, in_channels: int = 
     decides the balance."""
     if not image_size:
         return [float(b.parameter_count) or 1.0 for b in blocks]
-    modules = [b.module for b in blocks]
-    tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())]
-    memo = {id(t): torch.empty_like(t, device="meta") for t in tensors}
-    memo.update({id(p): nn.Parameter(memo[id(p)]) for m in modules for p in m.parameters()})
-    meta_blocks = copy.deepcopy(modules, memo)
+    meta_blocks = meta_copy(nn.ModuleList(b.module for b in blocks))
     x = torch.empty(1, in_channels, image_size, image_size, device="meta")
     costs = []
     with torch.no_grad():
