@@ -26,10 +26,10 @@ steps, which a median ignores and a mean or an epoch total does not.
 from __future__ import annotations
 
 import argparse
-import importlib
 import itertools
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from project.toolkit.dotted import import_object
 from project.toolkit.measure.environment import machine_description
 from project.toolkit.measure.tables import markdown_table, text_table
 
@@ -93,8 +94,7 @@ class Setup:
 
     def data_module(self, batch_size: int | None = None) -> Any:
         """The template's data module with this setup's options."""
-        module, _, name = self.data.rpartition(".")
-        return getattr(importlib.import_module(module), name)(**self.data_options(batch_size))
+        return import_object(self.data)(**self.data_options(batch_size))
 
     def data_options(self, batch_size: int | None = None) -> dict[str, Any]:
         """The data module's options. Synthetic data: one validation batch, and a test set of exactly
@@ -183,10 +183,14 @@ def plain_fit_run(setup: Setup, out: Path, threads: int, test: bool = False) -> 
 
 
 def plain_infer_run(jobs: list[tuple[Setup, int, bool]], out: Path, threads: int) -> list[dict[str, Any]]:
-    """:func:`benchmarks.plain.plain_infer` for each ``(setup, batch size, predict)`` of ``jobs``, one
-    after the other in one fresh process; returns what each measured."""
-    specs = [{"setup": asdict(setup), "batch_size": batch, "predict": predict} for setup, batch, predict in jobs]
-    return _plain("infer", specs, out, threads)
+    """:func:`benchmarks.plain.plain_infer` for each ``(setup, batch size, predict)`` of ``jobs``, each in a
+    fresh process of its own, as the template's runs are: a process that has run a larger network before
+    runs the next one up to 1.5x faster on a CPU (the C library's allocator keeps the freed memory instead
+    of mapping it anew), which would favour whichever side runs several jobs in one process."""
+    return [
+        _plain("infer", [{"setup": asdict(setup), "batch_size": batch, "predict": predict}], out, threads)[0]
+        for setup, batch, predict in jobs
+    ]
 
 
 def _plain(task: str, specs: list[dict[str, Any]], out: Path, threads: int) -> list[dict[str, Any]]:
@@ -224,6 +228,13 @@ def eval_step_cycle(clock: dict[str, Any], warmup: int) -> float:
     """The median evaluation step cycle after the first ``warmup`` batches."""
     ends = [end for _, end, _ in clock["eval_batches"][warmup:]]
     return statistics.median(b - a for a, b in itertools.pairwise(ends))
+
+
+def eval_between(clock: dict[str, Any], warmup: int) -> float:
+    """The median time between two evaluation batches (one's result to the next one's arrival on the
+    device: loading, the loop's own work, the hooks) after ``warmup``."""
+    batches = clock["eval_batches"][warmup:]
+    return statistics.median(b[0] - a[1] for a, b in itertools.pairwise(batches))
 
 
 def eval_latency(clock: dict[str, Any], warmup: int) -> float:
@@ -274,17 +285,14 @@ def publish_comparison(
     )
     seconds = time.perf_counter() - started
     where = machine(args.threads)
-    notes = (
-        f"{where}; {args.repeats} alternations per case; {seconds:.0f} s; command: python -m "
-        f"{args.module} {' '.join(args.argv)}".rstrip()
-    )
-    report = {"machine": where, "seconds": seconds, "command": f"python -m {args.module} {' '.join(args.argv)}"}
+    notes = f"{where}; {args.repeats} alternations per case; {seconds:.0f} s"
+    report = {"machine": where, "seconds": seconds}
     report.update(clock=args.clock, threads=args.threads, repeats=args.repeats, cases=cases)
-    publish(args.out, name, report, header, rows, notes, headline, extra)
+    publish(args, name, report, header, rows, notes, headline, extra)
 
 
 def publish(
-    out: Path,
+    args: argparse.Namespace,
     name: str,
     report: dict[str, Any],
     header: list[str],
@@ -293,11 +301,15 @@ def publish(
     headline: str,
     extra: tuple[list[str], list[list[str]]] | None = None,
 ) -> None:
-    """Write ``<name>.json`` (``report`` and the headline) and ``<name>.md`` under ``out``, and print
-    the table (and the ``extra`` one), the notes and, as the last line, the headline."""
+    """Write ``<name>.json`` (``report``, the command that made it and the headline) and ``<name>.md`` under
+    ``args.out``, and print the table (and the ``extra`` one), the notes with the command and, as the last
+    line, the headline."""
     tables = [(header, rows), *([extra] if extra else [])]
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps({**report, "headline": headline}, indent=2) + "\n")
+    notes = f"{notes}; command: {args.command}"
+    report = {**report, "command": args.command, "headline": headline}
+    (out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     markdown = "\n\n".join(markdown_table(h, r) for h, r in tables)
     (out / f"{name}.md").write_text(f"{markdown}\n\n{notes}\n\n{headline}\n")
     for h, r in tables:
@@ -338,7 +350,7 @@ def common_arguments(module: str, description: str, default_repeats: int) -> arg
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """The parsed options, with the arguments given (``argv``) kept to be written beside the results."""
+    """The parsed options, with the command they came from (``command``) to be written beside the results."""
     args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.command = shlex.join(["python", "-m", args.module, *(sys.argv[1:] if argv is None else argv)])
     return args

@@ -4,9 +4,10 @@ Both sides evaluate the same network (fresh weights: speed does not depend on th
 synthetic test images through the data module's test DataLoader. The plain loop is the one a careful
 user writes (``benchmarks.plain.plain_infer``): eval mode, ``inference_mode``, channels_last,
 results summed or gathered on the device and read once at the end. Template runs use its defaults
-(timing, progress bar, the prediction writer for ``predict``) and each runs as its own process; the
-plain loop runs all of a repeat's measurements one after the other in one process. The two alternate ``--repeats``
-times. Each side's best repeat is compared -- disturbances on a shared machine only ever slow a run
+(timing, progress bar, the prediction writer for ``predict``). Every measurement of either side runs
+in a fresh process of its own (one that has run a larger network first runs the next one up to 1.5x
+faster on a CPU: the C library's allocator keeps memory it would otherwise map anew). The two alternate
+``--repeats`` times. Each side's best repeat is compared -- disturbances on a shared machine only ever slow a run
 down. Both sides leave the first 3 batches out (the TimingCallback's ``warmup_iterations``).
 
 Both sides are stamped at the same instants (the template by the observer callback
@@ -23,6 +24,10 @@ Both sides are stamped at the same instants (the template by the observer callba
   cost per batch (shown as ``template extra``) of Lightning's evaluation loop around the step --
   hook dispatch and the step's context managers, about 0.2 ms on this CPU -- which no option of the
   template removes. The goal, >= 0.98, is held by the throughput cases, at the default batch size.
+
+Where a throughput case's batch goes is shown beside it (``inference.md``'s second table): the median
+time in the step (the span above) and between two steps (one batch's result to the next one's arrival:
+loading, the loop's own work, the hooks), each side's fastest repeat, on the headline clock.
 
 ``--options`` adds ``test`` throughput with ``--model.channels_last=false`` and
 ``--trainer.precision=bf16-mixed`` (the plain loop then autocasts to bfloat16 too). The last line
@@ -44,6 +49,7 @@ from benchmarks._common import (
     Setup,
     best,
     common_arguments,
+    eval_between,
     eval_latency,
     eval_step_cycle,
     machine,
@@ -94,6 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"inference: {machine(args.threads)}", flush=True)
     sides = ("plain", "template")
     speeds = {name: {c: {side: [] for side in sides} for c in CLOCKS} for name, *_ in cases}
+    spans: dict[str, dict[str, list[tuple[float, float]]]] = {name: {side: [] for side in sides} for name, *_ in cases}
     with tempfile.TemporaryDirectory(prefix="inference-") as work:
         for repeat in range(args.repeats):
             for side in sides if repeat % 2 == 0 else sides[::-1]:
@@ -108,6 +115,10 @@ def main(argv: list[str] | None = None) -> None:
                 for (name, _, _, batch, kind), result in zip(cases, results, strict=True):
                     for c in CLOCKS:
                         speeds[name][c][side].append(speed(result, batch, kind, c))
+                    stamps = on(result["clock"], args.clock)
+                    spans[name][side].append(
+                        (eval_latency(stamps, WARMUP_BATCHES), eval_between(stamps, WARMUP_BATCHES))
+                    )
                 said = ", ".join(f"{n} {speeds[n][args.clock][side][-1]:.1f}" for n in speeds)
                 print(f"  #{repeat} {side} ({args.clock} clock): {said}", flush=True)
     rows, report = [], []
@@ -128,9 +139,17 @@ def main(argv: list[str] | None = None) -> None:
             ratio, spread_of = number(entry[f"{c}_ratio"], 3), f"{100 * entry[f'{c}_spread']:.0f} %"
             rows.append([name, setup.label, str(batch), c, *values, ratio, spread_of])
         entry.update(ratio=entry[f"{args.clock}_ratio"], spread=entry[f"{args.clock}_spread"])
+        entry["in_step_and_between_seconds"] = spans[name]
         report.append(entry)
     header = ["case", "model", "batch", "clock", "plain", "template", "unit", "ratio", "repeat spread"]
-    publish_comparison(args, "inference", "speed", report, header, rows, started, GOAL)
+    split_rows = [
+        [name, *(f"{1000 * min(v[i] for v in spans[name][side]):.2f}" for side in sides for i in (0, 1))]
+        for name, _, _, _, kind in cases
+        if kind == "throughput"
+    ]
+    split_header = ["case", "plain in step ms", "plain between ms", "template in step ms", "template between ms"]
+    extra = (split_header, split_rows)
+    publish_comparison(args, "inference", "speed", report, header, rows, started, GOAL, extra=extra)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,13 @@ LOADER_BATCHES = 8  # measured, after the first
 DEFAULT_RUN = Setup("mobilenet_v2", image_size=112, batch_size=256, train_batches=2, epochs=2)
 
 
+PATHS = (None, 0, 1, 2)  # the input paths measured, by DataLoader workers; None: on the device
+
+
+def path_name(workers: int | None) -> str:
+    return "on_device" if workers is None else f"{workers} worker(s)"
+
+
 def loader_rate(workers: int | None) -> float:
     """Images per second the training input delivers: ``workers`` DataLoader worker processes, or
     (``None``) the on-device path, batches augmented in this process as a CPU run of the template does."""
@@ -74,26 +81,25 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)  # the 0-worker case transforms in this process
     started = time.perf_counter()
     print(f"input: {machine(args.threads)}", flush=True)
-    # Each path and the processes that do its work: the on-device path and 0 workers use this one.
-    paths = {"on_device": (None, 1), "0 worker(s)": (0, 1), "1 worker(s)": (1, 1), "2 worker(s)": (2, 2)}
-    rates: dict[str, float] = {}
-    for path, (workers, _) in paths.items():
-        rates[path] = max(loader_rate(workers) for _ in range(args.repeats))
-        print(f"  {path}: {rates[path]:.0f} images/s", flush=True)
+    rates: dict[int | None, float] = {}  # by workers; None: the on-device path
+    for workers in PATHS:
+        rates[workers] = max(loader_rate(workers) for _ in range(args.repeats))
+        print(f"  {path_name(workers)}: {rates[workers]:.0f} images/s", flush=True)
     with tempfile.TemporaryDirectory(prefix="input-") as work:
         timing = template("fit", DEFAULT_RUN, Path(work), args.threads)
     wait, train_rate = timing["data_wait_fraction"], timing["train_samples_per_second"]
-    per_worker = {path: rate / paths[path][1] for path, rate in rates.items()}
-    rows = [[path, number(rates[path], 0), number(per_worker[path], 0)] for path in rates]
+    # per process doing the work: the on-device path and 0 workers use the training process
+    per_worker = {workers: rate / max(workers or 0, 1) for workers, rate in rates.items()}
+    rows = [[path_name(w), number(rates[w], 0), number(per_worker[w], 0)] for w in rates]
     header = ["input path", "images/s", "images/s per worker"]
-    chosen = "on_device" if timing["input_path"] == "on_device" else f"{timing['num_workers']} worker(s)"
+    chosen = None if timing["input_path"] == "on_device" else timing["num_workers"]
     summary: dict[str, Any] = {
         "default_input_path": timing["input_path"],
         "default_num_workers": timing["num_workers"],
         "input_path_reason": timing["input_path_reason"],
         "train_images_per_second": train_rate,
         "data_wait_fraction": wait,
-        "core_share_of_input": train_rate / per_worker[chosen],
+        "core_share_of_input": train_rate / per_worker[chosen] if chosen in per_worker else None,
     }
     seconds = time.perf_counter() - started
     headline = (
@@ -101,13 +107,16 @@ def main(argv: list[str] | None = None) -> None:
         f"({timing['input_path']}, {timing['num_workers']} workers; {DEFAULT_RUN.label}, batch "
         f"{DEFAULT_RUN.batch_size}); goal <= {100 * GOAL:.0f} %: {'met' if wait <= GOAL else 'MISSED'}"
     )
+    share = summary["core_share_of_input"]  # None: the default chose a worker count not measured here
+    needs = f", so its input needs {100 * share:.1f} % of one core" if share is not None else ""
     notes = (
         f"default run chose {timing['input_path']} ({timing['input_path_reason']}); it trained at "
-        f"{number(train_rate)} images/s, so its input needs {100 * summary['core_share_of_input']:.1f} % of one "
-        f"core; {machine(args.threads)}; {seconds:.0f} s; command: python -m benchmarks.input {' '.join(args.argv)}"
+        f"{number(train_rate)} images/s{needs}; {machine(args.threads)}; {seconds:.0f} s"
     )
-    report = {"machine": machine(args.threads), "seconds": seconds, "loader_images_per_second": rates, **summary}
-    publish(args.out, "input", report, header, rows, notes, headline)
+    rates_by_name = {path_name(w): rate for w, rate in rates.items()}
+    report = {"machine": machine(args.threads), "seconds": seconds, "loader_images_per_second": rates_by_name}
+    report |= summary
+    publish(args, "input", report, header, rows, notes, headline)
 
 
 if __name__ == "__main__":

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     notes = (
         f"test accuracy on the 360 test digits; recipe: {RECIPE.arch} at {RECIPE.image_size} px, batch "
         f"{RECIPE.batch_size}, lr {RECIPE.lr}, {RECIPE.epochs} epochs, val_size {RECIPE.val_size}; "
-        f"{machine(args.threads)}; {seconds:.0f} s; command: python -m benchmarks.parity {' '.join(args.argv)}"
+        f"{machine(args.threads)}; {seconds:.0f} s"
     )
     report: dict[str, Any] = {
         "machine": machine(args.threads),
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         "template_within_plain_spread": within,
         "paths_agree": same_paths,
     }
-    publish(args.out, "parity", report, header, rows, notes, headline)
+    publish(args, "parity", report, header, rows, notes, headline)
 
 
 if __name__ == "__main__":

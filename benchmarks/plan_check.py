@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from project.toolkit.bench.plan import Link, Target, core_slowdown, plan, read_run, scaling_efficiency
+from project.toolkit.bench.plan import Link, Target, core_slowdown, link_from, plan, read_run, scaling_efficiency
 from project.toolkit.measure.tables import markdown_table
 
 PLANNED = {"ddp": "ddp", "fsdp": "fsdp", "pipeline-mb4": "pipeline"}
@@ -39,27 +39,15 @@ def _slowest_step(timing: dict[str, Any]) -> float | None:
     return max(steps) if steps else None
 
 
-def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_cores: str = "auto") -> str:
+def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_cores: str, link: Link) -> str:
     """Predicted vs measured for the 2-process cells of a bench run, from its single-device cells."""
-    from project.toolkit.measure.link import measure_link
-
-    measured_link = measure_link()
-    link = Link(measured_link["latency_s"], measured_link["bandwidth_bytes_per_s"], "measured here")
     runs = bench_out / "runs"
-    rows, record = [], {"command": command, "link": measured_link, "cells": []}
+    rows, record = [], {"command": command, "link": link.__dict__, "cells": []}
     for single in sorted((singles / "runs").glob("single-*")):
         arch = single.name.split("-")[1]
         run = read_run(single / "lightning_logs" / "version_0")
-        predictions = {
-            p.strategy: p
-            for p in plan(
-                run,
-                Target(
-                    2, slowdown=core_slowdown(run, argparse.Namespace(shared_cores=shared_cores, devices=2, nodes=1))
-                ),
-                link,
-            )
-        }
+        target = Target(2, slowdown=core_slowdown(run, shared_cores, devices=2))
+        predictions = {p.strategy: p for p in plan(run, target, link)}
         for cell_prefix, strategy in PLANNED.items():
             for cell in sorted(runs.glob(f"{cell_prefix}-{arch}-*")):
                 timing = json.loads((cell / "lightning_logs" / "version_0" / "timing.json").read_text())
@@ -96,23 +84,25 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_co
                 )
     header = ["cell", "step s: plan / measured", "error", "samples/s: plan / measured", "error"]
     header += ["peak MiB per rank: plan vs measured", "error (largest)"]
-    text = "\n".join(
-        [
-            "# The plan against measurement: 2 CPU processes",
-            "",
-            f"Produced by `{command}`. Each 2-process cell of the bench run in `{bench_out}` is predicted by",
-            f"`python -m project plan` from the single-device cell of the same arch in `{singles}`",
-            f"(`--devices 2 --shared-cores {shared_cores}`; the link measured here by a gloo all-reduce benchmark:",
-            f"{link.bandwidth * 8 / 1e9:.2f} Gbit/s, {link.latency * 1e6:.0f} us per message). Step: the slowest",
-            "rank's step over the anatomy's window; samples/s: the steady epochs'; memory: peak resident set.",
-            "",
-            markdown_table(header, rows),
-            "",
-        ]
-    )
+    intro = [
+        f"Produced by `{command}`. Each 2-process cell of the bench run in `{bench_out}` is predicted by",
+        f"`python -m project plan` from the single-device cell of the same arch in `{singles}`",
+        f"(`--devices 2 --shared-cores {shared_cores}`; the link {link.source}:",
+        f"{link.bandwidth * 8 / 1e9:.2f} Gbit/s, {link.latency * 1e6:.0f} us per message). Step: the slowest",
+        "rank's step over the anatomy's window; samples/s: the steady epochs'; memory: peak resident set.",
+    ]
+    return _write_report(out, "cpu", "The plan against measurement: 2 CPU processes", intro, header, rows, record)
+
+
+def _write_report(
+    out: Path, stem: str, title: str, intro: list[str], header: list[str], rows: list[list[str]], record: dict
+) -> str:
+    """``<stem>.md`` (the title, the intro lines and the table) and ``<stem>.json`` (``record``) under ``out``;
+    returns the markdown."""
+    text = "\n".join([f"# {title}", "", *intro, "", markdown_table(header, rows), ""])
     out.mkdir(parents=True, exist_ok=True)
-    (out / "cpu.md").write_text(text)
-    (out / "cpu.json").write_text(json.dumps(record, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(text)
+    (out / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
     return text
 
 
@@ -181,21 +171,13 @@ def check_published(out: Path, command: str) -> str:
         )
     header = ["precision", "1 GPU img/s", "8 GPUs img/s (scaling)", "plan ddp x8 (scaling)", "error"]
     header += ["plan: exposed all-reduce per step", "plan fsdp x8"]
-    text = "\n".join(
-        [
-            "# The plan against published figures: ResNet50 v1.5 on 8 A100s",
-            "",
-            f"Produced by `{command}`. Published: NVIDIA DeepLearningExamples, PyTorch ResNet50 v1.5, DGX A100",
-            "(8x A100 80GB), 224 px, batch 256 per GPU. The plan starts from the 1-GPU throughput (the whole step",
-            "taken as compute) and NVLink at 200 GB/s with 10 us per message (assumed).",
-            "",
-            markdown_table(header, rows),
-            "",
-        ]
-    )
-    (out / "published.md").write_text(text)
-    (out / "published.json").write_text(json.dumps(record, indent=2) + "\n")
-    return text
+    intro = [
+        f"Produced by `{command}`. Published: NVIDIA DeepLearningExamples, PyTorch ResNet50 v1.5, DGX A100",
+        "(8x A100 80GB), 224 px, batch 256 per GPU. The plan starts from the 1-GPU throughput (the whole step",
+        "taken as compute) and NVLink at 200 GB/s with 10 us per message (assumed).",
+    ]
+    title = "The plan against published figures: ResNet50 v1.5 on 8 A100s"
+    return _write_report(out, "published", title, intro, header, rows, record)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -205,11 +187,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("bench_out", nargs="?", type=Path, help="cpu: the folder of a finished bench run")
     parser.add_argument("--singles", type=Path, default=None, help="cpu: the bench run of the single cells")
     parser.add_argument("--shared-cores", choices=("auto", "yes", "no"), default="auto", help="cpu: as plan's")
+    parser.add_argument("--link-gbps", type=float, default=None, help="cpu: as plan's (default: measured here)")
+    parser.add_argument("--link-latency-us", type=float, default=10.0, help="cpu: as plan's")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     command = shlex.join(["python", "-m", "benchmarks.plan_check", *argv])
     if args.what == "cpu":
-        print(check_cpu(args.bench_out, args.singles or args.bench_out, args.out, command, args.shared_cores))
+        link = link_from(args.link_gbps, args.link_latency_us)
+        singles = args.singles or args.bench_out
+        print(check_cpu(args.bench_out, singles, args.out, command, args.shared_cores, link))
     else:
         print(check_published(args.out, command))
 
