@@ -74,6 +74,9 @@ class Setup:
     precision: str = "32-true"
     channels_last: bool = True
     compile: bool = False
+    # The template's --callbacks.host_memory_reuse; the plain loop sets the same on a CPU (both sides
+    # allocate alike, so the ratio shows the template's own cost)
+    host_memory_reuse: bool = True
     num_workers: int | None = None  # None: the template's default (auto)
     on_device: bool | None = None  # None: the template's default (auto)
     data: str = DEFAULT_DATA  # the data module's class; the default: synthetic CIFAR-10
@@ -90,6 +93,7 @@ class Setup:
         options = [self.precision] if self.precision != "32-true" else []
         options += ["contiguous"] if not self.channels_last else []
         options += ["compile"] if self.compile else []
+        options += ["no-host-memory-reuse"] if not self.host_memory_reuse else []
         return f"{self.arch}@{self.image_size}" + "".join(f" {o}" for o in options)
 
     def data_module(self, batch_size: int | None = None) -> Any:
@@ -123,6 +127,7 @@ class Setup:
             f"--model.lr={self.lr}",
             f"--model.channels_last={str(self.channels_last).lower()}",
             f"--model.compile={str(self.compile).lower()}",
+            f"--callbacks.host_memory_reuse={str(self.host_memory_reuse).lower()}",
             f"--trainer.precision={self.precision}",
             f"--trainer.max_epochs={self.epochs}",
             *(f"--trainer.limit_{stage}_batches={n}" for stage, n in limits if n is not None),

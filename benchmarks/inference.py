@@ -29,8 +29,9 @@ Where a throughput case's batch goes is shown beside it (``inference.md``'s seco
 time in the step (the span above) and between two steps (one batch's result to the next one's arrival:
 loading, the loop's own work, the hooks), each side's fastest repeat, on the headline clock.
 
-``--options`` adds ``test`` throughput with ``--model.channels_last=false`` and
-``--trainer.precision=bf16-mixed`` (the plain loop then autocasts to bfloat16 too). The last line
+``--options`` adds ``test`` throughput with ``--model.channels_last=false``,
+``--trainer.precision=bf16-mixed`` (the plain loop then autocasts to bfloat16 too) and
+``--callbacks.host_memory_reuse=false`` (the plain loop then keeps glibc's defaults too). The last line
 printed is the headline: the smallest ratio (template speed over plain speed). The repeat spread is
 how much the repeats of one side differ (largest over smallest, the larger of the two sides): a ratio
 whose distance from 1 is within it is not resolved by the run.
@@ -80,6 +81,7 @@ CASES = [
 OPTION_CASES = [
     ("test contiguous", "test", replace(MOBILENET, channels_last=False), 128, "throughput"),
     ("test bf16-mixed", "test", replace(MOBILENET, precision="bf16-mixed"), 128, "throughput"),
+    ("test no host memory reuse", "test", replace(MOBILENET, host_memory_reuse=False), 128, "throughput"),
 ]
 
 

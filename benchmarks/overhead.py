@@ -9,7 +9,9 @@ warm-up + cosine schedule, for the same number of steps, each in a fresh process
   ``inference_mode`` before training (where the template has its sanity check) and after every
   epoch, a checkpoint every epoch;
 - template: ``python -m project fit`` with its default callbacks (timing, TensorBoard logger,
-  checkpoint at epoch end, progress bar, fault guards, reseeding) and one validation batch per epoch.
+  checkpoint at epoch end, progress bar, fault guards, reseeding, host memory reuse) and one validation
+  batch per epoch. The plain loop reuses host memory as the template does (``benchmarks.plain``);
+  ``--options`` adds a case with neither doing so.
 
 The two alternate (plain, template, template, plain, ...) ``--repeats`` times per case, so a change in
 the machine's load hits both. Everything is over the epochs after the first (warm-up, worker start-up);
@@ -68,6 +70,7 @@ OPTION_CASES = [
     replace(CASES[0], channels_last=False),
     replace(CASES[0], precision="bf16-mixed"),
     replace(CASES[0], compile=True),
+    replace(CASES[0], host_memory_reuse=False),
 ]
 
 

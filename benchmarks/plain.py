@@ -9,7 +9,10 @@ uint8 tensor on the device (on a CPU: in memory), each batch indexed out of it a
 the training process (:func:`project.toolkit.data.augmentation.augment`, plain tensor operations: a
 gather for the crop and flip, a resize, a normalisation), with no DataLoader. The order of each epoch
 and the crops and flips are drawn from a torch generator of the loop's own (seeded by the setup's
-seed): the same distributions as the template's, other draws.
+seed): the same distributions as the template's, other draws. On a CPU the process keeps the memory it
+frees for reuse, as the template's ``host_memory_reuse`` callback makes a run do (unless the setup turns
+that off on both sides): that setting alone changes a step's time by up to 3x, so both sides allocate alike
+and the ratio shows what the template's machinery costs.
 
 Each runs in a fresh process of its own, started by :func:`benchmarks._common.plain_fit_run` or
 :func:`~benchmarks._common.plain_infer_run` as ``python -m benchmarks.plain fit|infer '<json list>'
@@ -32,7 +35,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from benchmarks._common import Setup
+from project.toolkit.callbacks.host_memory import HostMemoryReuse
 from project.toolkit.data.augmentation import PADDING, augment, rows_of, to_model_input
+from project.toolkit.host_memory import keep_freed_host_memory
 from project.toolkit.measure.devices import SyncingClock, synchronizer
 
 
@@ -241,6 +246,8 @@ def main(task: str, specs: str, out: str) -> None:
     results = []
     for spec in json.loads(specs):
         setup = Setup(**spec["setup"])
+        if setup.host_memory_reuse and not torch.cuda.is_available():  # as the template's default callback does
+            keep_freed_host_memory(HostMemoryReuse().trim_threshold_mb)
         if task == "fit":
             results.append(plain_fit(setup, Path(out), test=spec.get("test", False)))
         else:

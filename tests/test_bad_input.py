@@ -75,6 +75,11 @@ Case = tuple[str, Callable[[Path], str] | str, str]
 CASES: list[Case] = [
     (
         "fit",
+        "--host_memory_reuse.trim_threshold_mb=-1",
+        "host_memory_reuse.trim_threshold_mb=-1: use 0 or more (MiB)",
+    ),
+    (
+        "fit",
         "--model.arch=resnet5",
         "model.arch='resnet5' is neither a torchvision classification model nor package.module.name",
     ),

@@ -18,6 +18,7 @@ KEYS = {
     "device_count": int,
     "cpu_model": str,
     "cpu_cores": int,
+    "host_allocator": str,
     "cuda": (str, type(None)),
     "cudnn": (str, type(None)),
     "nccl": (str, type(None)),

@@ -1,0 +1,30 @@
+""":class:`HostMemoryReuse`: a CPU run reuses the memory it frees (see :mod:`project.toolkit.host_memory`)."""
+
+from __future__ import annotations
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.accelerators import CPUAccelerator
+
+from project.toolkit.host_memory import keep_freed_host_memory
+
+
+class HostMemoryReuse(Callback):
+    """On a CPU run, tells glibc's allocator to keep freed memory for the next tensor instead of giving
+    it back to the kernel and faulting it in again: the default job's steps take a half to a third
+    less time on a CPU. The run's peak resident memory then stays held until it ends.
+    ``timing.json``'s ``environment.host_allocator`` says what was set. Runs on an accelerator are left as
+    they are: their activations live in its memory, under its own allocator.
+
+    Args:
+        trim_threshold_mb: Free memory (MiB) the process keeps before giving some back to the kernel.
+    """
+
+    def __init__(self, trim_threshold_mb: int = 1024) -> None:
+        if trim_threshold_mb < 0:
+            raise ValueError(f"host_memory_reuse.trim_threshold_mb={trim_threshold_mb}: use 0 or more (MiB)")
+        self.trim_threshold_mb = trim_threshold_mb
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Before the first step, in every process of the run (each one calls setup).
+        if isinstance(trainer.accelerator, CPUAccelerator):
+            keep_freed_host_memory(self.trim_threshold_mb)

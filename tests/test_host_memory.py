@@ -1,0 +1,34 @@
+"""Host memory reuse on CPU runs: what a run sets and records, in a process of its own each (the setting
+is process-wide, and this test process may have set it already)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from project.toolkit.host_memory import host_allocator, keep_freed_host_memory
+
+glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the switches are glibc's")
+
+
+@glibc_only
+def test_glibc_takes_the_settings_and_the_record_says_so() -> None:
+    said = keep_freed_host_memory(512)
+    assert said == "glibc, freed memory reused (no mmap, trim over 512 MiB)"
+    assert host_allocator() == said
+
+
+@glibc_only
+@pytest.mark.parametrize("switch", ["true", "false"])
+def test_a_cpu_run_records_its_allocator_in_timing_json(tiny_args: list[str], tmp_path: Path, switch: str) -> None:
+    args = [*tiny_args, "--trainer.limit_test_batches=1", f"--callbacks.host_memory_reuse={switch}"]
+    args += ["--host_memory_reuse.trim_threshold_mb=300"]
+    subprocess.run([sys.executable, "-m", "project", "test", *args], check=True, capture_output=True, timeout=300)
+    timing = json.loads(next(tmp_path.glob("lightning_logs/version_*/timing.json")).read_text())
+    expected = "glibc, freed memory reused (no mmap, trim over 300 MiB)" if switch == "true" else "defaults of glibc"
+    assert timing["environment"]["host_allocator"] == expected
