@@ -28,7 +28,7 @@ from project.toolkit.data.datasets import (
     Indices,
     crop_and_flip_of,
 )
-from project.toolkit.data.samplers import EpochIndex, EvenBatchSampler, TrainingSampler
+from project.toolkit.data.samplers import EpochIndex, EvenBatchSampler, SliceBatches, TrainingSampler
 from project.toolkit.data.statistics import ChannelStats, measure_channel_stats
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "ImageArrayDataset",
     "IndexBatches",
     "Indices",
+    "SliceBatches",
     "TrainingSampler",
     "augment",
     "crop_and_flip",

@@ -42,7 +42,7 @@ from project.toolkit.data.augmentation import augment, rows_of, to_model_input
 from project.toolkit.data.datasets import AugmentedImages, AugmentKeys, ImageArrayDataset, IndexBatches, Indices
 from project.toolkit.data.declarations import check_declarations
 from project.toolkit.data.input_path import AUTO, InputPath, choose_input_path, machine_of
-from project.toolkit.data.samplers import EvenBatchSampler, TrainingSampler
+from project.toolkit.data.samplers import EvenBatchSampler, SliceBatches, TrainingSampler
 from project.toolkit.data.statistics import ChannelStats, measure_channel_stats
 from project.toolkit.errors import DataError
 from project.toolkit.log import get_logger
@@ -300,11 +300,13 @@ class ImageArrayDataModule(LightningDataModule):
 
     # -- loaders -----------------------------------------------------------------------------
 
-    def _loader(self, split: str, train: bool = False, predict: bool = False) -> DataLoader:
+    def _loader(self, split: str, train: bool = False, predict: bool = False) -> DataLoader | SliceBatches:
         dataset: Dataset = self._datasets[split]
+        world, rank = self._replica()
+        if self.on_device and not train and not predict:  # slices: on_after_batch_transfer makes them images
+            return SliceBatches(len(dataset), self.per_process_batch_size, num_replicas=world, rank=rank)
         if self.on_device:  # indices only: on_after_batch_transfer makes them images
             dataset = AugmentKeys(len(dataset)) if train else Indices(len(dataset))
-        world, rank = self._replica()
         workers = self.num_workers
         on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         pin = on_cuda and not self.on_device  # index batches are too small to gain from it
@@ -354,10 +356,10 @@ class ImageArrayDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | SliceBatches:
         return self._loader("val")
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> DataLoader | SliceBatches:
         return self._loader("test")
 
     def predict_dataloader(self) -> DataLoader:
@@ -377,7 +379,7 @@ class ImageArrayDataModule(LightningDataModule):
             batch = augment(rows_of(images, index), batch[:, 1:], size, mean, std), labels.index_select(0, index)
         else:
             images, labels = self._on_device["test" if self.trainer.testing or self.trainer.predicting else "val"]
-            batch = to_model_input(rows_of(images, batch), size, mean, std), labels.index_select(0, batch)
+            batch = to_model_input(rows_of(images, batch), size, mean, std), labels[batch]
         return self.trainer.precision_plugin.convert_input(batch)
 
 

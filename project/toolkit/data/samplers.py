@@ -138,3 +138,26 @@ class EvenBatchSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return len(self.batches)
+
+
+class SliceBatches:
+    """The evaluation batches of one of ``num_replicas`` processes as slices of the image tensor, for the
+    on-device input path: :class:`EvenBatchSampler`'s batches (every image once, as many batches on every
+    process), each a run of every ``num_replicas``-th image, so a slice with that step. Lightning takes
+    them as they are -- it iterates any sized iterable as a loader -- and the batch becomes images with no
+    gather and no DataLoader (on a CPU, a DataLoader's batches of 128 indices cost 0.2-0.3 ms each,
+    about 1 % of MobileNetV2's evaluation step at 32 px).
+
+    >>> [list(SliceBatches(5, batch_size=2, num_replicas=2, rank=rank)) for rank in (0, 1)]
+    [[slice(0, 3, 2), slice(4, 5, 2)], [slice(1, 2, 2), slice(3, 4, 2)]]
+    """
+
+    def __init__(self, count: int, batch_size: int, num_replicas: int, rank: int) -> None:
+        batches = EvenBatchSampler(range(count), batch_size, num_replicas=num_replicas, rank=rank).batches
+        self.slices = [slice(batch[0], batch[-1] + 1, num_replicas) for batch in batches]
+
+    def __iter__(self) -> Iterator[slice]:
+        return iter(self.slices)
+
+    def __len__(self) -> int:
+        return len(self.slices)
