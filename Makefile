@@ -67,10 +67,11 @@ test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included
 # Template vs plain PyTorch, both with default options: training overhead, inference, input paths (about
 # 15 minutes on 2 CPU cores). Results in benchmarks/results/perf/; each script's last line is its headline.
 .PHONY: bench-perf bench-parity
-bench-perf: $(VENV)/.installed-dev  ## the three performance benchmarks (ARGS go to each, e.g. --repeats 4)
+bench-perf: $(VENV)/.installed-dev  ## the four performance benchmarks (ARGS go to each, e.g. --repeats 4)
 	$(PY) -m benchmarks.overhead $(ARGS)
 	$(PY) -m benchmarks.inference $(ARGS)
 	$(PY) -m benchmarks.input $(ARGS)
+	$(PY) -m benchmarks.host_memory $(ARGS)
 
 $(VENV)/.installed-parity: pyproject.toml
 	$(call install,$(VENV),$(PARITY_EXTRAS),torch_first)

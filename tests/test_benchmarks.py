@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from project.toolkit.measure.stamps import StepStamps
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = ["benchmarks.overhead", "benchmarks.inference", "benchmarks.input", "benchmarks.parity"]
+SCRIPTS = ["benchmarks.overhead", "benchmarks.inference", "benchmarks.input", "benchmarks.parity", "benchmarks.host_memory"]
 
 
 def without_pythonpath() -> dict[str, str]:
@@ -148,6 +148,25 @@ def test_both_sides_run_in_fresh_processes_without_pythonpath(monkeypatch: pytes
     assert len(plain["clock"]["eval_batches"]) == 3
     template = _common.template("test", setup, tmp_path / "template", threads=1)
     assert len(template["clock"]["eval_batches"]) == 3 and template["test_samples_per_second"] > 0
+
+
+@pytest.mark.slow
+def test_the_host_memory_benchmark_reads_both_settings_from_timing_json(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from benchmarks import _common, host_memory
+
+    tiny = _common.Setup(image_size=32, batch_size=4, train_batches=2, epochs=1, test_batches=2)
+    monkeypatch.setattr(host_memory, "DEFAULT_SIZE", tiny)
+    host_memory.main(["--repeats", "1", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "host_memory.json").read_text())
+    assert [case["stage"] for case in report["cases"]] == ["test", "fit"]
+    for case in report["cases"]:
+        assert {name: len(runs) for name, runs in case["runs"].items()} == {"on": 1, "off": 1}
+        assert all(seconds > 0 and peak > 0 for runs in case["runs"].values() for seconds, peak in runs)
+        assert case["speedup"] == pytest.approx(case["runs"]["off"][0][0] / case["runs"]["on"][0][0])
+    least = min(report["cases"], key=lambda case: case["speedup"])
+    assert report["headline"].endswith(f"({least['stage']}, the smallest gain)")
 
 
 def test_plain_stamps_take_the_layout_of_the_template_stamps() -> None:

@@ -4,10 +4,11 @@ On a CPU the network's activations and gradients are host memory, allocated and 
 glibc's ``malloc`` maps every block over its threshold (128 KiB, raised adaptively up to 32 MiB) from
 the kernel with ``mmap`` and unmaps it when freed, and it gives the top of its heap back whenever over
 128 KiB of it is free. Each step then touches its activations' pages anew, and every first touch of a
-page is a page fault that zeroes it: MobileNetV2's forward pass on 128 images of 112 px took
-607 ms that way here and 218 ms with the memory kept (32 px: 34 ms and 23 ms); the peak resident
-memory grew from 1.30 to 1.53 GB. This is what PyTorch's CPU performance guide gets from switching
-to jemalloc or tcmalloc; glibc's own switches (``mallopt``) do it without installing anything:
+page is a page fault that zeroes it. MobileNetV2 at 112 px, batch 128, on a 2-core CPU
+(``benchmarks/results/perf/host_memory.md``): a test batch took 631 ms that way and 208 ms with the
+memory kept, a training iteration 1309 ms and 864 ms; the peak resident memory grew by 5-6 %. This is
+what PyTorch's CPU performance guide gets from switching to jemalloc or tcmalloc; glibc's own switches
+(``mallopt``) do it without installing anything:
 
 - ``M_MMAP_MAX = 0``: no block is mapped on its own; all come from the heap, where freed ones are reused;
 - ``M_TRIM_THRESHOLD``: the heap keeps up to that much free memory instead of giving it back.
