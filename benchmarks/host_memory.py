@@ -52,12 +52,14 @@ def main(argv: list[str] | None = None) -> None:
         speedup = off_s / on_s
         cases.append({"stage": stage, "runs": measured[stage], "speedup": speedup})
         unit = "test batch" if stage == "test" else "training iteration"
-        rows.append([stage, unit, number(1000 * off_s, 1), number(1000 * on_s, 1), number(speedup, 2), number(off_mb, 0), number(on_mb, 0)])
+        times = [number(1000 * off_s, 1), number(1000 * on_s, 1), number(speedup, 2)]
+        rows.append([stage, unit, *times, number(off_mb, 0), number(on_mb, 0)])
     header = ["stage", "median step", "off ms", "on ms", "speed-up", "off peak MiB", "on peak MiB"]
     least = min(cases, key=lambda case: case["speedup"])
-    report = {"machine": machine(args.threads), "seconds": time.perf_counter() - started, "setup": DEFAULT_SIZE.__dict__}
-    report.update(repeats=args.repeats, cases=cases)
-    notes = f"{machine(args.threads)}; {DEFAULT_SIZE.label}, batch {DEFAULT_SIZE.batch_size}; best of {args.repeats} per setting"
+    report = {"machine": machine(args.threads), "seconds": time.perf_counter() - started}
+    report.update(setup=DEFAULT_SIZE.__dict__, repeats=args.repeats, cases=cases)
+    size = f"{DEFAULT_SIZE.label}, batch {DEFAULT_SIZE.batch_size}"
+    notes = f"{machine(args.threads)}; {size}; best of {args.repeats} per setting"
     headline = f"host_memory: steps {least['speedup']:.2f}x faster with reuse on ({least['stage']}, the smallest gain)"
     publish(args, "host_memory", report, header, rows, notes, headline)
 

@@ -25,7 +25,13 @@ from torch.utils.data import DataLoader, TensorDataset
 from project.toolkit.measure.stamps import StepStamps
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = ["benchmarks.overhead", "benchmarks.inference", "benchmarks.input", "benchmarks.parity", "benchmarks.host_memory"]
+SCRIPTS = [
+    "benchmarks.overhead",
+    "benchmarks.inference",
+    "benchmarks.input",
+    "benchmarks.parity",
+    "benchmarks.host_memory",
+]
 
 
 def without_pythonpath() -> dict[str, str]:

@@ -367,9 +367,10 @@ class ImageArrayDataModule(LightningDataModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """on_device: turn a batch of indices (for val and test a slice, :class:`SliceBatches`), now on the
-        accelerator, into ``(images, labels)``: training batches (rows ``[index, dy, dx, flip]``, see :class:`AugmentKeys`) cropped, flipped,
-        resized and normalised, evaluation batches resized and normalised, all in one go. The
-        result is converted as Lightning converts a loaded batch for the run's precision."""
+        accelerator, into ``(images, labels)``: training batches (rows ``[index, dy, dx, flip]``, see
+        :class:`AugmentKeys`) cropped, flipped, resized and normalised, evaluation batches resized and
+        normalised, all in one go. The result is converted as Lightning converts a loaded batch for the
+        run's precision."""
         if not self.on_device:
             return batch
         size, (mean, std) = self.hparams.image_size, self.channel_stats
