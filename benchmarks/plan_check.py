@@ -21,7 +21,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from project.toolkit.bench.plan import Link, Target, core_slowdown, link_from, plan, read_run, scaling_efficiency
+from project.toolkit.bench.plan import (
+    Link,
+    Target,
+    core_slowdown,
+    link_from,
+    plan,
+    read_run,
+    scaling_efficiency,
+    sharing_here,
+)
 from project.toolkit.measure.tables import markdown_table
 
 PLANNED = {"ddp": "ddp", "fsdp": "fsdp", "pipeline-mb4": "pipeline"}
@@ -43,10 +52,16 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_co
     """Predicted vs measured for the 2-process cells of a bench run, from its single-device cells."""
     runs = bench_out / "runs"
     rows, record = [], {"command": command, "link": link.__dict__, "cells": []}
-    for single in sorted((singles / "runs").glob("single-*")):
+    singles_runs = {
+        single: read_run(single / "lightning_logs" / "version_0")
+        for single in sorted((singles / "runs").glob("single-*"))
+    }
+    # how much 2 processes computing at once slow each other here (auto), measured once for every cell
+    sharing, sharing_note = sharing_here(next(iter(singles_runs.values())), shared_cores, devices=2)
+    record["core_sharing"] = sharing_note or None
+    for single, run in singles_runs.items():
         arch = single.name.split("-")[1]
-        run = read_run(single / "lightning_logs" / "version_0")
-        target = Target(2, slowdown=core_slowdown(run, shared_cores, devices=2))
+        target = Target(2, slowdown=core_slowdown(run, shared_cores, devices=2, sharing=sharing))
         predictions = {p.strategy: p for p in plan(run, target, link)}
         for cell_prefix, strategy in PLANNED.items():
             for cell in sorted(runs.glob(f"{cell_prefix}-{arch}-*")):
@@ -88,7 +103,9 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_co
         f"Produced by `{command}`. Each 2-process cell of the bench run in `{bench_out}` is predicted by",
         f"`python -m project plan` from the single-device cell of the same arch in `{singles}`",
         f"(`--devices 2 --shared-cores {shared_cores}`; the link {link.source}:",
-        f"{link.bandwidth * 8 / 1e9:.2f} Gbit/s, {link.latency * 1e6:.0f} us per message). Step: the slowest",
+        f"{link.bandwidth * 8 / 1e9:.2f} Gbit/s, {link.latency * 1e6:.0f} us per message"
+        + (f"; processes computing at once: {sharing_note}" if sharing_note else "")
+        + "). Step: the slowest",
         "rank's step over the anatomy's window; samples/s: the steady epochs'; memory: peak resident set.",
     ]
     return _write_report(out, "cpu", "The plan against measurement: 2 CPU processes", intro, header, rows, record)

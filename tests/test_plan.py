@@ -66,13 +66,13 @@ def test_ddp_hides_all_but_the_last_bucket_behind_a_long_backward_and_nothing_be
 def test_weak_scaling_with_an_infinitely_fast_link_is_perfect_for_ddp() -> None:
     run = measured()
     infinite = Link(0.0, float("inf"), "given")
-    ddp = plan.predict_ddp(run, Target(8, batch="per-device"), infinite)
+    ddp = plan.predict_ddp(run, Target(8, batch="per-device"), infinite, overlap=True)
     assert ddp.step == pytest.approx(run.step) and plan.scaling_efficiency(ddp, run) == pytest.approx(1.0)
 
 
 def test_strong_scaling_splits_the_batch_work_but_not_the_optimizer_nor_the_rest() -> None:
     run = measured()
-    ddp = plan.predict_ddp(run, Target(2), FAST)
+    ddp = plan.predict_ddp(run, Target(2), FAST, overlap=True)
     # data and compute halve; the optimizer and the rest do not; 1 MiB + 24 MiB ... buckets of 100 MB
     assert ddp.parts["data_wait"] == pytest.approx(0.05) and ddp.parts["compute"] == pytest.approx(0.3)
     assert (ddp.parts["optimizer"], ddp.parts["rest"]) == (0.1, 0.2)
@@ -80,8 +80,28 @@ def test_strong_scaling_splits_the_batch_work_but_not_the_optimizer_nor_the_rest
     assert ddp.parts["communication"] == pytest.approx(expected) and expected > 0
     assert ddp.samples_per_step == 32
     # processes sharing the cores of the run: the multi-threaded work runs N x slower, data and rest do not
-    shared = plan.predict_ddp(run, Target(2, slowdown=2.0), FAST)
+    shared = plan.predict_ddp(run, Target(2, slowdown=2.0), FAST, overlap=True)
     assert shared.parts["compute"] == pytest.approx(0.6) and shared.parts["optimizer"] == pytest.approx(0.2)
+
+
+def test_on_a_cpu_ddp_hides_none_of_its_all_reduce() -> None:
+    run = measured(accelerator="cpu")
+    cpu = plan.predict_ddp(run, Target(2), FAST, overlap=False)
+    whole = sum(plan.ring_all_reduce_seconds(b, 2, FAST) for b in plan.ddp_buckets(100 * MB))
+    assert cpu.parts["communication"] == pytest.approx(whole)
+    assert cpu.parts["communication"] > plan.predict_ddp(run, Target(2), FAST, overlap=True).parts["communication"]
+
+
+def test_a_share_of_the_batch_takes_what_its_blocks_take_at_that_size() -> None:
+    # every block measured at 32 and 8 images: a fixed 0.01 s plus the rest per image
+    forward = [[0.01 + 0.0009 * 32] * 4, [0.01 + 0.0009 * 8] * 4]
+    times = {"batch_sizes": [32, 8], "forward": forward, "backward": [[2 * t for t in row] for row in forward]}
+    run = measured(block_seconds=times)
+    half_forward, half_backward = plan.share_seconds(run, 0.5)
+    ratio = (0.01 + 0.0009 * 16) / (0.01 + 0.0009 * 32)  # half the batch: more than half the time
+    assert (half_forward, half_backward) == (pytest.approx(0.2 * ratio), pytest.approx(0.4 * ratio))
+    ddp = plan.predict_ddp(run, Target(2), FAST, overlap=True)
+    assert ddp.parts["compute"] == pytest.approx(0.6 * ratio) and ratio > 0.5
 
 
 def test_fsdp_gathers_twice_and_reduce_scatters_once_and_shards_the_states() -> None:
@@ -108,6 +128,33 @@ def test_pipeline_with_balanced_stages_idles_as_gpipe_says() -> None:
     # sharing the cores: a lone stage takes every core, so the step is at least the whole compute
     shared = plan.predict_pipeline(run, Target(2, micro_batches=16, slowdown=2.0), infinite)
     assert shared.step >= 0.6
+
+
+@pytest.mark.parametrize(
+    ("forward", "backward", "micro_batches"),
+    [([1.0, 1.0], [2.0, 2.0], 4), ([1.0, 3.0], [2.0, 6.0], 4), ([1.0, 2.0, 0.5], [2.0, 4.0, 1.0], 6)],
+)
+def test_the_played_out_schedule_is_gpipes_without_sharing_and_slows_only_overlaps(
+    forward: list[float], backward: list[float], micro_batches: int
+) -> None:
+    alone = plan.gpipe_step_seconds(forward, backward, micro_batches, 0.0)
+    step, busy = plan.gpipe_shared_seconds(forward, backward, micro_batches, 0.0, 1.0)
+    assert step == pytest.approx(alone)
+    assert busy == pytest.approx([micro_batches * (f + b) for f, b in zip(forward, backward, strict=True)])
+    shared, _ = plan.gpipe_shared_seconds(forward, backward, micro_batches, 0.0, 2.0)
+    # slower where stages compute together, never the whole schedule twice over (the ramps run alone)
+    assert alone < shared < 2 * alone
+    assert plan.gpipe_shared_seconds(forward, backward, micro_batches, 0.0, 3.0)[0] > shared
+
+
+def test_one_stage_shares_with_no_one() -> None:
+    assert plan.gpipe_shared_seconds([1.0], [2.0], 4, 0.5, 2.0) == (pytest.approx(12.0), [pytest.approx(12.0)])
+
+
+def test_a_message_delays_the_next_stage() -> None:
+    without, _ = plan.gpipe_shared_seconds([1.0, 1.0], [2.0, 2.0], 1, 0.0, 1.0)
+    with_message, _ = plan.gpipe_shared_seconds([1.0, 1.0], [2.0, 2.0], 1, 0.25, 1.0)
+    assert with_message == pytest.approx(without + 2 * 0.25)  # one micro-batch: forward and backward each wait
 
 
 def write_run(folder: Path, **changes: object) -> Path:
@@ -150,7 +197,7 @@ def test_the_command_prints_every_strategy_from_a_timing_json_without_importing_
     code += "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.rstrip().endswith("[]")
-    assert "measured step 1.000 s" in out and "each device computes 2x slower" in out  # a CPU run, one node
+    assert "measured step 1.000 s" in out and "each device computes 2.00x slower" in out  # a CPU run, one node
     record = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert [p["strategy"] for p in record["predictions"]] == ["single", "dp", "ddp", "fsdp", "pipeline"]
     assert record["predictions"][0]["step_seconds"] == pytest.approx(1.0)
@@ -197,3 +244,15 @@ def test_pipeline_takes_the_time_its_blocks_were_measured_to_take() -> None:
     assert "timed by block" in pipeline.note
     # without the times: the FLOP split, equal stages, GPipe's bubble
     assert "FLOPs" in plan.predict_pipeline(measured(), Target(2), infinite).note
+
+
+@pytest.mark.slow
+def test_processes_computing_at_once_are_measured_against_one_alone() -> None:
+    from project.toolkit.measure.cores import measure_core_sharing
+
+    measured = measure_core_sharing(processes=2, threads=1)
+    assert measured["factor"] >= 1.0 and measured["alone_seconds"] > 0
+    assert len(measured["together_seconds"]) == 2 and all(t > 0 for t in measured["together_seconds"])
+    assert measured["factor"] == pytest.approx(
+        max(1.0, sum(measured["together_seconds"]) / 2 / measured["alone_seconds"])
+    )

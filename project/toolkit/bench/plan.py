@@ -265,6 +265,30 @@ def _device_share(target: Target, devices: int) -> float:
     return 1.0 / devices if target.batch == "global" else 1.0
 
 
+def share_seconds(run: Measured, share: float) -> tuple[float, float]:
+    """Forward and backward seconds for ``share`` of the run's batch: the run's own times scaled as its blocks'
+    measured times scale from the whole batch to that share (:func:`unit_seconds`: a fixed cost per block plus
+    a cost per image, so half a batch takes more than half the time); in proportion to the samples where the
+    run has no block times.
+
+    >>> times = {"batch_sizes": [32, 8], "forward": [[0.4], [0.16]], "backward": [[0.8], [0.32]]}
+    >>> run = Measured("cpu", 1, 32, 0, 0.4, 0.8, 0, 0, 1, 0, 0, 0, None, units=[["a", 1, 1, 1]], block_seconds=times)
+    >>> untimed = Measured(**{**run.__dict__, "block_seconds": None})
+    >>> [round(t, 3) for t in share_seconds(run, 0.5)], share_seconds(untimed, 0.5)
+    ([0.24, 0.48], (0.2, 0.4))
+    """
+    times = run.block_seconds
+    if share >= 1 or not times or len(times["forward"][0]) != len(run.units):
+        return run.forward * share, run.backward * share
+    scaled = []
+    for kind, measured in (("forward", run.forward), ("backward", run.backward)):
+        units = range(len(run.units))
+        whole = sum(unit_seconds(times, kind, i, run.batch_size) for i in units)
+        part = sum(unit_seconds(times, kind, i, run.batch_size * share) for i in units)
+        scaled.append(measured * part / whole if whole > 0 else measured * share)
+    return scaled[0], scaled[1]
+
+
 def _states_mb(run: Measured) -> float:
     """Parameters, gradients and optimizer state, in MiB."""
     return (2 * run.parameter_bytes + run.optimizer_state_bytes) / MIB
@@ -287,15 +311,21 @@ def predict_single(run: Measured, target: Target) -> Prediction:
     return Prediction("single", 1, parts, run.batch_size, [run.peak_memory_mb])
 
 
-def predict_ddp(run: Measured, target: Target, link: Link) -> Prediction:
-    """One process per device: its share of the batch, the gradients all-reduced in buckets during the
-    backward, BatchNorm's buffers broadcast at each forward, the whole optimizer step on every device."""
+def predict_ddp(run: Measured, target: Target, link: Link, overlap: bool) -> Prediction:
+    """One process per device: its share of the batch (:func:`share_seconds`), the gradients all-reduced in
+    buckets during the backward, BatchNorm's buffers broadcast at each forward, the whole optimizer step on
+    every device. With ``overlap`` (GPUs: NCCL runs beside the compute) only what runs past the backward is
+    exposed; without it (a CPU: gloo copies and sums on the cores the backward computes on) all of it is."""
     q, slow = _device_share(target, target.world), target.slowdown
     world = target.world
-    backward = run.backward * q * slow
-    exposed = ddp_exposed_seconds(ddp_buckets(run.parameter_bytes), backward, world, link)
+    forward, backward = (t * slow for t in share_seconds(run, q))
+    buckets = ddp_buckets(run.parameter_bytes)
+    if overlap:
+        exposed = ddp_exposed_seconds(buckets, backward, world, link)
+    else:
+        exposed = sum(ring_all_reduce_seconds(size, world, link) for size in buckets)
     exposed += broadcast_seconds(run.buffer_bytes, world, link) if run.buffer_bytes else 0.0
-    parts = {"data_wait": run.data_wait * q, "compute": run.forward * q * slow + backward, "communication": exposed}
+    parts = {"data_wait": run.data_wait * q, "compute": forward + backward, "communication": exposed}
     parts |= {"optimizer": run.optimizer * slow, "bubble": 0.0, "rest": run.rest}
     activations = run.activation_bytes_per_sample * run.batch_size * q / MIB
     memory = _plus(_baseline_mb(run), _states_mb(run) + run.parameter_bytes / MIB + activations)  # + buckets
@@ -303,14 +333,15 @@ def predict_ddp(run: Measured, target: Target, link: Link) -> Prediction:
 
 
 def predict_fsdp(run: Measured, target: Target, link: Link, overlap: bool) -> Prediction:
-    """FSDP (ZeRO-3): every unit's parameters all-gathered before its forward and again before its backward,
-    its gradients reduce-scattered after; states sharded. On a CPU (gloo) FSDP2 runs these collectives
-    synchronously (none hidden); on GPUs each overlaps the compute of the unit before it."""
+    """FSDP (ZeRO-3), on the device's share of the batch (:func:`share_seconds`): every unit's parameters
+    all-gathered before its forward and again before its backward, its gradients reduce-scattered after;
+    states sharded. On a CPU (gloo) FSDP2 runs these collectives synchronously (none hidden); on GPUs each
+    overlaps the compute of the unit before it."""
     q, slow = _device_share(target, target.world), target.slowdown
     world = target.world
     groups = max(1, sum(1 for unit in run.units if unit[2] > 0))
     gather = all_gather_seconds(run.parameter_bytes, world, link) + (groups - 1) * (world - 1) * link.latency
-    forward, backward = run.forward * q * slow, run.backward * q * slow
+    forward, backward = (t * slow for t in share_seconds(run, q))
     if overlap:
         exposed = max(gather - forward, gather / groups) + max(2 * gather - backward, 2 * gather / groups)
     else:
@@ -373,28 +404,89 @@ def gpipe_step_seconds(forward: list[float], backward: list[float], micro_batche
     return phases + 2 * (micro_batches + len(forward) - 2) * message
 
 
+def gpipe_shared_seconds(
+    forward: list[float], backward: list[float], micro_batches: int, message: float, slowdown: float
+) -> tuple[float, list[float]]:
+    """GPipe's step when the stages share the cores (processes on one CPU): the schedule played out with
+    each stage's work slowed by how many stages compute at that moment -- ``slowdown`` when all ``p`` do,
+    none when one computes alone, in proportion between. Each stage runs its micro-batches' forwards, then
+    their backwards; a forward waits for the stage before it, a backward for the stage after it, each
+    ``message`` seconds later. Returns the step and each stage's busy (wall) seconds. Without sharing
+    (``slowdown`` 1) the step is :func:`gpipe_step_seconds`' with messages only where they delay a stage.
+
+    >>> gpipe_shared_seconds([1, 1], [2, 2], 2, 0.0, 1.0)
+    (9.0, [6.0, 6.0])
+    >>> gpipe_shared_seconds([1, 1], [2, 2], 2, 0.0, 2.0)  # both stages compute 4 of the 12 s, at half speed
+    (12.0, [9.0, 9.0])
+    """
+    stages, m = len(forward), micro_batches
+    # each stage's tasks in order: (phase, micro-batch, seconds of work alone)
+    tasks = [
+        [("F", i, forward[j]) for i in range(m)] + [("B", i, backward[j]) for i in range(m)] for j in range(stages)
+    ]
+    done: dict[tuple[int, str, int], float] = {}  # (stage, phase, micro-batch) -> finish time
+    position, left, started = [0] * stages, [0.0] * stages, [False] * stages
+    busy_seconds, now = [0.0] * stages, 0.0
+
+    def ready_at(j: int) -> float | None:
+        """When stage ``j``'s next task may start, or None while what it waits for has not finished."""
+        if position[j] == len(tasks[j]):
+            return None
+        phase, i, _ = tasks[j][position[j]]
+        own = done.get((j, *tasks[j][position[j] - 1][:2]), 0.0) if position[j] else 0.0
+        if phase == "F":
+            needed = (j - 1, "F", i) if j > 0 else None
+        else:
+            needed = (j + 1, "B", i) if j < stages - 1 else (j, "F", m - 1)
+        if needed is None:
+            return own
+        if needed not in done:
+            return None
+        return max(own, done[needed] + (message if needed[0] != j else 0.0))
+
+    while any(position[j] < len(tasks[j]) for j in range(stages)):
+        starts = [ready_at(j) for j in range(stages)]
+        running = [j for j in range(stages) if starts[j] is not None and starts[j] <= now + 1e-15]
+        for j in running:
+            if not started[j]:
+                left[j], started[j] = tasks[j][position[j]][2], True
+        waiting = [starts[j] - now for j in range(stages) if starts[j] is not None and starts[j] > now + 1e-15]
+        if not running:
+            now += min(waiting)
+            continue
+        rate = 1 / (1 + (slowdown - 1) * (len(running) - 1) / max(1, stages - 1))
+        step = min([left[j] / rate for j in running] + waiting)
+        now += step
+        for j in running:
+            left[j] -= step * rate
+            busy_seconds[j] += step
+            if left[j] <= 1e-12:
+                done[(j, *tasks[j][position[j]][:2])] = now
+                position[j], started[j] = position[j] + 1, False
+    return now, busy_seconds
+
+
 def predict_pipeline(run: Measured, target: Target, link: Link) -> Prediction:
     """GPipe over ``p`` = the devices, stages balanced by the units' FLOPs as the pipeline strategy splits
     them, each stage taking the time its units were measured to take for a micro-batch of ``batch / m``
     (:func:`stage_seconds`; by FLOPs where the run did not time them), the micro-batches' activations or
     their gradients sent on between stages (:func:`gpipe_step_seconds`); every stage reads the whole
-    batch; each stage's optimizer updates its own parameters. With shared cores a stage computes alone in
-    the bubble, on every core: the step is then at least the whole network's compute."""
+    batch; each stage's optimizer updates its own parameters. With shared cores the schedule is played out
+    with the stages slowing each other only while both compute (:func:`gpipe_shared_seconds`)."""
     stages, m = target.world, target.micro_batches
     slow = target.slowdown
     samples = run.batch_size  # one pipeline, no replicas: the whole batch goes through every stage
     costs = [float(unit[1]) or 1.0 for unit in run.units] or [1.0]  # as the strategy counts a block of no FLOPs
     groups = balanced_stages(costs, stages) if len(costs) >= stages else [list(range(len(costs)))]
     forward, backward, how = stage_seconds(run, groups, m)
-    forward, backward = [f * slow for f in forward], [b * slow for b in backward]
     boundary = max([run.units[g[-1]][3] for g in groups[:-1]] or [0.0])  # bytes per sample sent on
     message = link.latency + boundary * samples / m / link.bandwidth if len(groups) > 1 else 0.0
-    schedule = gpipe_step_seconds(forward, backward, m, message)
-    busy = m * max(f + b for f, b in zip(forward, backward, strict=True))  # the slowest stage's compute
-    if target.shared_cores:
-        alone = sum(forward) + sum(backward)  # one micro-batch through every stage, at the run's speed
-        busy /= slow
-        schedule = max(schedule, m * alone / slow + 2 * (m + len(groups) - 2) * message)
+    if target.shared_cores:  # the stages slow each other only while they compute at the same time
+        schedule, busy_each = gpipe_shared_seconds(forward, backward, m, message, slow)
+        busy = max(busy_each)
+    else:
+        schedule = gpipe_step_seconds(forward, backward, m, message)
+        busy = m * max(f + b for f, b in zip(forward, backward, strict=True))  # the slowest stage's compute
     communication = 2 * (m + len(groups) - 2) * message
     bubble = max(0.0, schedule - busy - communication)
     param_share = [sum(run.units[i][2] for i in g) / max(1, _parameters(run)) for g in groups]
@@ -438,7 +530,7 @@ def plan(run: Measured, target: Target, link: Link, overlap: bool | None = None)
     return [
         predict_single(run, target),
         predict_dp(run, target, link),
-        predict_ddp(run, target, link),
+        predict_ddp(run, target, link, overlap),
         predict_fsdp(run, target, link, overlap),
         predict_pipeline(run, target, link),
     ]
@@ -511,7 +603,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=("auto", "yes", "no"),
         default="auto",
         help="the devices are processes sharing the machine's CPU cores (auto: for a CPU run on 1 node, from "
-        "the run's threads and cores; yes: N times slower than the run; no: as fast as the run)",
+        "the run's threads and cores and how much processes computing at once slow each other here, measured; "
+        "yes: N times slower than the run; no: as fast as the run)",
     )
     parser.add_argument("--out", type=Path, default=None, help="also write plan.md and plan.json into this folder")
     return parser.parse_args(argv)
@@ -525,17 +618,18 @@ def check_target(args: argparse.Namespace) -> None:
         raise ProjectError(f"plan --link-gbps={args.link_gbps} is not allowed: it must be a number > 0")
 
 
-def core_slowdown(run: Measured, shared_cores: str, devices: int, nodes: int = 1) -> float:
+def core_slowdown(run: Measured, shared_cores: str, devices: int, nodes: int = 1, sharing: float = 1.0) -> float:
     """How much slower each device runs the multi-threaded work than the run did (see :class:`Target`):
     ``shared_cores`` is ``--shared-cores`` (``yes``: ``devices x nodes``; ``no``: 1).
 
     With ``auto``, for a CPU run on one node: N processes of ``max(1, cores // N)`` threads each (what
-    Lightning gives them) on the machine's cores, against the run's threads; N where those are unknown; 1
-    elsewhere (devices of their own).
+    Lightning gives them) on the machine's cores, against the run's threads, times ``sharing``: how much
+    processes computing at once slow each other on this machine beyond that (:func:`sharing_here`); N where
+    the threads and cores are unknown; 1 elsewhere (devices of their own).
 
     >>> run = Measured("cpu", 1, 32, 0, 0, 0, 0, 0, 1, 0, 0, 0, None, threads=2, cores=2)
-    >>> core_slowdown(run, "auto", 2), core_slowdown(Measured(**{**run.__dict__, "threads": 1}), "auto", 2)
-    (2.0, 1.0)
+    >>> core_slowdown(run, "auto", 2), core_slowdown(Measured(**{**run.__dict__, "threads": 1}), "auto", 2, sharing=1.8)
+    (2.0, 1.8)
     """
     if shared_cores != "auto":
         return float(devices * nodes) if shared_cores == "yes" else 1.0
@@ -544,7 +638,19 @@ def core_slowdown(run: Measured, shared_cores: str, devices: int, nodes: int = 1
     if not run.threads or not run.cores:
         return float(devices)
     per_process = max(1, run.cores // devices)
-    return max(1.0, run.threads / per_process * max(1.0, devices * per_process / run.cores))
+    return max(1.0, run.threads / per_process * max(1.0, devices * per_process / run.cores)) * sharing
+
+
+def sharing_here(run: Measured, shared_cores: str, devices: int, nodes: int = 1) -> tuple[float, str]:
+    """For ``--shared-cores auto`` on a one-node CPU run: how much ``devices`` processes computing at once slow
+    each other on this machine, measured (:mod:`project.toolkit.measure.cores`), and what was measured; 1
+    elsewhere. The plan is then made on the machine whose cores it is about."""
+    if shared_cores != "auto" or run.accelerator != "cpu" or nodes != 1 or devices < 2 or not run.cores:
+        return 1.0, ""
+    from project.toolkit.measure.cores import measure_core_sharing
+
+    measured = measure_core_sharing(devices, max(1, run.cores // devices))
+    return measured["factor"], f"{measured['factor']:.2f}x measured here ({measured['how']})"
 
 
 def link_from(gbps: float | None, latency_us: float) -> Link:
@@ -562,7 +668,8 @@ def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, An
     """The table (text) and the JSON record of ``python -m project plan``."""
     check_target(args)
     run = read_run(args.run_dir)
-    slowdown = core_slowdown(run, args.shared_cores, args.devices, args.nodes)
+    sharing, sharing_note = sharing_here(run, args.shared_cores, args.devices, args.nodes)
+    slowdown = core_slowdown(run, args.shared_cores, args.devices, args.nodes, sharing)
     target = Target(args.devices, args.nodes, args.batch, args.micro_batches, slowdown)
     link = link_from(args.link_gbps, args.link_latency_us)
     predictions = plan(run, target, link)
@@ -570,7 +677,9 @@ def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, An
         f"Plan from {run.name}: {run.accelerator}, global batch {run.batch_size}, measured step {run.step:.3f} s",
         f"  ({run.samples_per_second:.1f} samples/s); target {target.devices} device(s) x {target.nodes} node(s),",
         f"  batch {target.batch}, link {link.bandwidth * 8 / 1e9:.2f} Gbit/s + {link.latency * 1e6:.0f} us per message "
-        f"({link.source}); each device computes {target.slowdown:g}x slower than the run (shared cores).",
+        f"({link.source}); each device computes {target.slowdown:.2f}x slower than the run (shared cores"
+        + (f"; processes computing at once: {sharing_note}" if sharing_note else "")
+        + ").",
         "",
         text_table(HEADER, table_rows(predictions, run)),
         "",
@@ -585,6 +694,7 @@ def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, An
         "command": command,
         "run": run.name,
         "target": target.__dict__,
+        "core_sharing": sharing_note or None,
         "link": link.__dict__,
         "predictions": [
             {
