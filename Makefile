@@ -64,8 +64,8 @@ fit: $(VENV)/.installed  ## train the default job (configs/default.yaml)
 test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included
 	$(PY) -m pytest $(ARGS)
 
-# Template vs plain PyTorch, both with default options: training overhead, inference, input paths (about
-# 15 minutes on 2 CPU cores). Results in benchmarks/results/perf/; each script's last line is its headline.
+# Template vs plain PyTorch, both with default options: training overhead, inference, input paths; and what
+# host memory reuse gives a CPU run (about 20 minutes on 2 CPU cores). Results in benchmarks/results/perf/; each script's last line is its headline.
 .PHONY: bench-perf bench-parity
 bench-perf: $(VENV)/.installed-dev  ## the four performance benchmarks (ARGS go to each, e.g. --repeats 4)
 	$(PY) -m benchmarks.overhead $(ARGS)

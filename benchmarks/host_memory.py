@@ -35,8 +35,8 @@ def peak_mb(stage: str, timing: dict[str, Any]) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = common_arguments("benchmarks.host_memory", __doc__.splitlines()[0], default_repeats=2)
     args = parse(parser, argv)
-    started = time.perf_counter()
-    print(f"host_memory: {machine(args.threads)}", flush=True)
+    started, where = time.perf_counter(), machine(args.threads)
+    print(f"host_memory: {where}", flush=True)
     settings = {"on": DEFAULT_SIZE, "off": replace(DEFAULT_SIZE, host_memory_reuse=False)}
     measured: dict[str, dict[str, list[tuple[float, float]]]] = {s: {k: [] for k in settings} for s in STAGES}
     with tempfile.TemporaryDirectory(prefix="host-memory-") as work:
@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> None:
         rows.append([stage, unit, *times, number(off_mb, 0), number(on_mb, 0)])
     header = ["stage", "median step", "off ms", "on ms", "speed-up", "off peak MiB", "on peak MiB"]
     least = min(cases, key=lambda case: case["speedup"])
-    report = {"machine": machine(args.threads), "seconds": time.perf_counter() - started}
+    report = {"machine": where, "seconds": time.perf_counter() - started}
     report.update(setup=DEFAULT_SIZE.__dict__, repeats=args.repeats, cases=cases)
     size = f"{DEFAULT_SIZE.label}, batch {DEFAULT_SIZE.batch_size}"
-    notes = f"{machine(args.threads)}; {size}; best of {args.repeats} per setting"
+    notes = f"{where}; {size}; best of {args.repeats} per setting"
     headline = f"host_memory: steps {least['speedup']:.2f}x faster with reuse on ({least['stage']}, the smallest gain)"
     publish(args, "host_memory", report, header, rows, notes, headline)
 

@@ -1,7 +1,7 @@
 """Test-time speed of the template: ``python -m project test`` / ``predict`` against a plain loop.
 
 Both sides evaluate the same network (fresh weights: speed does not depend on them) on the same
-synthetic test images through the data module's test DataLoader. The plain loop is the one a careful
+synthetic test images through the data module's test loader. The plain loop is the one a careful
 user writes (``benchmarks.plain.plain_infer``): eval mode, ``inference_mode``, channels_last,
 results summed or gathered on the device and read once at the end. Template runs use its defaults
 (timing, progress bar, the prediction writer for ``predict``). Every measurement of either side runs

@@ -35,9 +35,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from benchmarks._common import Setup
-from project.toolkit.callbacks.host_memory import HostMemoryReuse
 from project.toolkit.data.augmentation import PADDING, augment, rows_of, to_model_input
-from project.toolkit.host_memory import keep_freed_host_memory
+from project.toolkit.host_memory import DEFAULT_TRIM_THRESHOLD_MB, keep_freed_host_memory
 from project.toolkit.measure.devices import SyncingClock, synchronizer
 
 
@@ -247,7 +246,7 @@ def main(task: str, specs: str, out: str) -> None:
     for spec in json.loads(specs):
         setup = Setup(**spec["setup"])
         if setup.host_memory_reuse and not torch.cuda.is_available():  # as the template's default callback does
-            keep_freed_host_memory(HostMemoryReuse().trim_threshold_mb)
+            keep_freed_host_memory(DEFAULT_TRIM_THRESHOLD_MB)
         if task == "fit":
             results.append(plain_fit(setup, Path(out), test=spec.get("test", False)))
         else:

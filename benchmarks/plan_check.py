@@ -104,7 +104,7 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_co
         f"`python -m project plan` from the single-device cell of the same arch in `{singles}`",
         f"(`--devices 2 --shared-cores {shared_cores}`; the link {link.source}:",
         f"{link.bandwidth * 8 / 1e9:.2f} Gbit/s, {link.latency * 1e6:.0f} us per message"
-        + (f"; processes computing at once: {sharing_note}" if sharing_note else "")
+        + (f"; {sharing_note}" if sharing_note else "")
         + "). Step: the slowest",
         "rank's step over the anatomy's window; samples/s: the steady epochs'; memory: peak resident set.",
     ]

@@ -22,10 +22,12 @@ from __future__ import annotations
 import ctypes
 import platform
 
+from project.toolkit.measure.devices import MIB
+
 # glibc's mallopt() parameter numbers (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-MIB = 1024 * 1024
+DEFAULT_TRIM_THRESHOLD_MB = 1024  # free heap kept before some goes back to the kernel: the callback's default
 
 _applied: str | None = None  # what keep_freed_host_memory set in this process
 

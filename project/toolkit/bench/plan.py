@@ -277,8 +277,8 @@ def share_seconds(run: Measured, share: float) -> tuple[float, float]:
     >>> [round(t, 3) for t in share_seconds(run, 0.5)], share_seconds(untimed, 0.5)
     ([0.24, 0.48], (0.2, 0.4))
     """
-    times = run.block_seconds
-    if share >= 1 or not times or len(times["forward"][0]) != len(run.units):
+    times = _block_times(run)
+    if share >= 1 or times is None:
         return run.forward * share, run.backward * share
     scaled = []
     for kind, measured in (("forward", run.forward), ("backward", run.backward)):
@@ -358,6 +358,12 @@ def _parameters(run: Measured) -> int:
     return sum(unit[2] for unit in run.units)
 
 
+def _block_times(run: Measured) -> dict[str, Any] | None:
+    """The run's blocks' measured times where they are those of its units (a run of declared blocks), else None."""
+    times = run.block_seconds
+    return times if times and len(times["forward"][0]) == len(run.units) else None
+
+
 def unit_seconds(times: dict[str, Any], kind: str, unit: int, samples: float) -> float:
     """Seconds of ``unit``'s ``kind`` (``forward`` or ``backward``) for ``samples`` images, from its times at the
     measured batch sizes (:mod:`project.toolkit.measure.block_times`): a fixed cost plus a cost per image, the
@@ -380,8 +386,8 @@ def stage_seconds(run: Measured, groups: list[list[int]], micro_batches: int) ->
     """Forward and backward seconds of each stage (``groups`` of units) for one micro-batch: from the units'
     measured times where the run has them, else the run's forward and backward split as the FLOPs are."""
     micro = run.batch_size / micro_batches
-    times = run.block_seconds
-    if times and len(times["forward"][0]) == len(run.units):
+    times = _block_times(run)
+    if times is not None:
         forward = [sum(unit_seconds(times, "forward", i, micro) for i in g) for g in groups]
         backward = [sum(unit_seconds(times, "backward", i, micro) for i in g) for g in groups]
         return forward, backward, "stages timed by block"
@@ -650,7 +656,8 @@ def sharing_here(run: Measured, shared_cores: str, devices: int, nodes: int = 1)
     from project.toolkit.measure.cores import measure_core_sharing
 
     measured = measure_core_sharing(devices, max(1, run.cores // devices))
-    return measured["factor"], f"{measured['factor']:.2f}x measured here ({measured['how']})"
+    note = f"processes computing at once: {measured['factor']:.2f}x measured here ({measured['how']})"
+    return measured["factor"], note
 
 
 def link_from(gbps: float | None, latency_us: float) -> Link:
@@ -678,7 +685,7 @@ def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, An
         f"  ({run.samples_per_second:.1f} samples/s); target {target.devices} device(s) x {target.nodes} node(s),",
         f"  batch {target.batch}, link {link.bandwidth * 8 / 1e9:.2f} Gbit/s + {link.latency * 1e6:.0f} us per message "
         f"({link.source}); each device computes {target.slowdown:.2f}x slower than the run (shared cores"
-        + (f"; processes computing at once: {sharing_note}" if sharing_note else "")
+        + (f"; {sharing_note}" if sharing_note else "")
         + ").",
         "",
         text_table(HEADER, table_rows(predictions, run)),

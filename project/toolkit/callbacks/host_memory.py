@@ -5,7 +5,7 @@ from __future__ import annotations
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.accelerators import CPUAccelerator
 
-from project.toolkit.host_memory import keep_freed_host_memory
+from project.toolkit.host_memory import DEFAULT_TRIM_THRESHOLD_MB, keep_freed_host_memory
 
 
 class HostMemoryReuse(Callback):
@@ -19,7 +19,7 @@ class HostMemoryReuse(Callback):
         trim_threshold_mb: Free memory (MiB) the process keeps before giving some back to the kernel.
     """
 
-    def __init__(self, trim_threshold_mb: int = 1024) -> None:
+    def __init__(self, trim_threshold_mb: int = DEFAULT_TRIM_THRESHOLD_MB) -> None:
         if trim_threshold_mb < 0:
             raise ValueError(f"host_memory_reuse.trim_threshold_mb={trim_threshold_mb}: use 0 or more (MiB)")
         self.trim_threshold_mb = trim_threshold_mb

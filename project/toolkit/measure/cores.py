@@ -6,8 +6,8 @@ backward passes: in each round first one process alone, then all N at once. The 
 take at once over the time one takes alone (the fastest round of each). On a machine whose cores are its
 own it is about 1 while the processes' threads fit the cores; where the cores are not what they seem --
 virtual CPUs that are two threads of one physical core, memory bandwidth shared with neighbours -- it is
-more, and nothing inside the machine says so (a 2-core VM here reports two cores of one thread each, yet two
-processes computing at once run at half speed). It takes a few seconds, most of them starting the processes.
+more, and nothing inside the machine says so. (On the 2-core VM of ``benchmarks/results/plan/`` it is
+1.00-1.09x.) It takes a few seconds, most of them starting the processes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _work(torch: Any, x: Any, weight: Any) -> None:
         y.sum().backward()
 
 
-def _worker(rank: int, world: int, threads: int, barrier: Any, results: Any) -> None:
+def _worker(rank: int, threads: int, barrier: Any, results: Any) -> None:
     import torch
 
     torch.set_num_threads(threads)
@@ -62,7 +62,7 @@ def measure_core_sharing(processes: int, threads: int) -> dict[str, Any]:
 
     context = mp.get_context("spawn")
     barrier, results = context.Barrier(processes), context.Queue()
-    mp.start_processes(_worker, args=(processes, threads, barrier, results), nprocs=processes, start_method="spawn")
+    mp.start_processes(_worker, args=(threads, barrier, results), nprocs=processes, start_method="spawn")
     reports = sorted(results.get(timeout=120) for _ in range(processes))
     alone, together = reports[0][1], [report[2] for report in reports]
     return {
@@ -70,5 +70,5 @@ def measure_core_sharing(processes: int, threads: int) -> dict[str, Any]:
         "alone_seconds": alone,
         "together_seconds": together,
         "how": f"{processes} processes of {threads} thread(s): 3x3 convolutions, forward and backward, one alone "
-        "then all at once, the fastest of 5 rounds",
+        f"then all at once, the fastest of {ROUNDS} rounds",
     }
