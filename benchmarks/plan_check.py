@@ -25,9 +25,11 @@ from project.toolkit.bench.plan import (
     Link,
     Target,
     core_slowdown,
+    describe_replay,
     link_from,
     plan,
     read_run,
+    replay_here,
     scaling_efficiency,
     sharing_here,
 )
@@ -59,10 +61,16 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_co
     # how much 2 processes computing at once slow each other here (auto), measured once for every cell
     sharing, sharing_note = sharing_here(next(iter(singles_runs.values())), shared_cores, devices=2)
     record["core_sharing"] = sharing_note or None
+    replay_notes = []
     for single, run in singles_runs.items():
         arch = single.name.split("-")[1]
         target = Target(2, slowdown=core_slowdown(run, shared_cores, devices=2, sharing=sharing))
-        predictions = {p.strategy: p for p in plan(run, target, link)}
+        # ddp and fsdp replayed here for every reading, given link or not: the processes are this machine's
+        replayed = replay_here(run, devices=2)
+        replay_notes.append(
+            f"{arch}: {describe_replay(replayed) if replayed else 'formulas (no tensor sizes in the run)'}"
+        )
+        predictions = {p.strategy: p for p in plan(run, target, link, replayed=replayed)}
         for cell_prefix, strategy in PLANNED.items():
             for cell in sorted(runs.glob(f"{cell_prefix}-{arch}-*")):
                 timing = json.loads((cell / "lightning_logs" / "version_0" / "timing.json").read_text())
@@ -107,7 +115,10 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_co
         + (f"; {sharing_note}" if sharing_note else "")
         + "). Step: the slowest",
         "rank's step over the anatomy's window; samples/s: the steady epochs'; memory: peak resident set.",
+        "",
+        *[f"- {note}" for note in replay_notes],
     ]
+    record["replayed"] = replay_notes
     return _write_report(out, "cpu", "The plan against measurement: 2 CPU processes", intro, header, rows, record)
 
 

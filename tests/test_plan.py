@@ -119,6 +119,28 @@ def test_fsdp_gathers_twice_and_reduce_scatters_once_and_shards_the_states() -> 
     assert blocking.memory_mb == [pytest.approx(expected)] * 4
 
 
+def test_on_a_cpu_the_replayed_costs_take_the_place_of_the_formulas_collectives() -> None:
+    run = measured(accelerator="cpu")
+    replayed = plan.Replayed(ddp_seconds=0.2, fsdp_seconds=0.5, fsdp_optimizer_factor=3.0, how="given")
+    ddp = plan.predict_ddp(run, Target(4), FAST, overlap=False, replayed=replayed)
+    fsdp = plan.predict_fsdp(run, Target(4), FAST, overlap=False, replayed=replayed)
+    assert ddp.parts["communication"] == 0.2 and fsdp.parts["communication"] == 0.5
+    assert fsdp.parts["optimizer"] == pytest.approx(0.1 * 3.0)  # the run's optimizer step, 3x on the shards
+    # nothing else moves
+    for replayed_one, formula in (
+        (ddp, plan.predict_ddp(run, Target(4), FAST, overlap=False)),
+        (fsdp, plan.predict_fsdp(run, Target(4), FAST, overlap=False)),
+    ):
+        unchanged = ("data_wait", "compute", "bubble", "rest") + (("optimizer",) if formula.strategy == "ddp" else ())
+        assert {k: replayed_one.parts[k] for k in unchanged} == {k: formula.parts[k] for k in unchanged}
+    # on GPUs the collectives overlap the compute: the formulas stand, whatever a CPU replay said
+    for strategy in (plan.predict_ddp, plan.predict_fsdp):
+        overlapped = strategy(run, Target(4), FAST, overlap=True, replayed=replayed)
+        assert overlapped.parts == strategy(run, Target(4), FAST, overlap=True).parts
+    planned = {p.strategy: p.parts["communication"] for p in plan.plan(run, Target(4), FAST, replayed=replayed)}
+    assert (planned["ddp"], planned["fsdp"]) == (0.2, 0.5)
+
+
 def test_pipeline_with_balanced_stages_idles_as_gpipe_says() -> None:
     run = measured(data_wait=0.0, optimizer=0.0, rest=0.0)
     infinite = Link(0.0, float("inf"), "given")
@@ -256,3 +278,21 @@ def test_processes_computing_at_once_are_measured_against_one_alone() -> None:
     assert measured["factor"] == pytest.approx(
         max(1.0, sum(measured["together_seconds"]) / 2 / measured["alone_seconds"])
     )
+
+
+@pytest.mark.slow
+def test_a_cpu_plan_replays_ddp_and_fsdp_on_this_machine_with_the_runs_tensor_sizes(tmp_path: Path) -> None:
+    network = {"parameter_numels": {"units": [[4096, 64], [], [65536]], "rest": [10]}}
+    timing = json.loads((write_run(tmp_path / "src") / "timing.json").read_text())
+    folder = write_run(tmp_path / "run", network=timing["network"] | network)
+    plan.main([str(folder), "--devices", "2", "--shared-cores", "no", "--out", str(tmp_path / "out")])
+    record = json.loads((tmp_path / "out" / "plan.json").read_text())
+    replayed = record["replayed"]
+    assert "4 parameter tensors of the run's sizes in 2 unit(s) + root and 0 bytes of buffers" in replayed["how"]
+    predicted = {p["strategy"]: p["parts"] for p in record["predictions"]}
+    assert replayed["fsdp_seconds"] > replayed["ddp_seconds"] > 0  # fsdp gathers twice, copies and scatters
+    assert predicted["fsdp"]["communication"] == replayed["fsdp_seconds"]
+    assert predicted["ddp"]["communication"] == replayed["ddp_seconds"]
+    # a given link is not this machine's: the formula's collectives, and no replay
+    plan.main([str(folder), "--devices", "2", "--link-gbps", "8", "--out", str(tmp_path / "given")])
+    assert json.loads((tmp_path / "given" / "plan.json").read_text())["replayed"] is None

@@ -61,6 +61,7 @@ class Measured:
     name: str = ""
     threads: int | None = None  # the run's intra-op threads
     cores: int | None = None  # the machine's cores (a CPU run)
+    parameter_numels: dict[str, Any] | None = None  # per unit and the rest: parameter tensors' sizes
 
     @property
     def step(self) -> float:
@@ -78,6 +79,18 @@ class Link:
     latency: float
     bandwidth: float
     source: str
+
+
+@dataclass
+class Replayed:
+    """ddp's and fsdp's own cost per step on the target's processes, replayed with the run's parameter
+    tensors (:mod:`project.toolkit.measure.replay`): seconds beside a plain forward and backward, and how
+    much slower an optimizer step on fsdp's shards is than one on the whole tensors."""
+
+    ddp_seconds: float
+    fsdp_seconds: float
+    fsdp_optimizer_factor: float
+    how: str
 
 
 @dataclass
@@ -146,6 +159,7 @@ def read_run(path: Path) -> Measured:
         name=str(file),
         threads=anatomy.get("threads"),
         cores=(timing.get("environment") or {}).get("cpu_cores"),
+        parameter_numels=network.get("parameter_numels"),
     )
 
 
@@ -311,20 +325,26 @@ def predict_single(run: Measured, target: Target) -> Prediction:
     return Prediction("single", 1, parts, run.batch_size, [run.peak_memory_mb])
 
 
-def predict_ddp(run: Measured, target: Target, link: Link, overlap: bool) -> Prediction:
+def predict_ddp(
+    run: Measured, target: Target, link: Link, overlap: bool, replayed: Replayed | None = None
+) -> Prediction:
     """One process per device: its share of the batch (:func:`share_seconds`), the gradients all-reduced in
     buckets during the backward, BatchNorm's buffers broadcast at each forward, the whole optimizer step on
     every device. With ``overlap`` (GPUs: NCCL runs beside the compute) only what runs past the backward is
-    exposed; without it (a CPU: gloo copies and sums on the cores the backward computes on) all of it is."""
+    exposed; without it (a CPU: gloo copies and sums on the cores the backward computes on) all of it is,
+    and where ``replayed`` the all-reduces and broadcasts cost what they were replayed to cost."""
     q, slow = _device_share(target, target.world), target.slowdown
     world = target.world
     forward, backward = (t * slow for t in share_seconds(run, q))
     buckets = ddp_buckets(run.parameter_bytes)
-    if overlap:
-        exposed = ddp_exposed_seconds(buckets, backward, world, link)
+    if replayed is not None and not overlap:  # its all-reduces and its buffers' broadcasts, replayed
+        exposed = replayed.ddp_seconds
     else:
-        exposed = sum(ring_all_reduce_seconds(size, world, link) for size in buckets)
-    exposed += broadcast_seconds(run.buffer_bytes, world, link) if run.buffer_bytes else 0.0
+        if overlap:
+            exposed = ddp_exposed_seconds(buckets, backward, world, link)
+        else:
+            exposed = sum(ring_all_reduce_seconds(size, world, link) for size in buckets)
+        exposed += broadcast_seconds(run.buffer_bytes, world, link) if run.buffer_bytes else 0.0
     parts = {"data_wait": run.data_wait * q, "compute": forward + backward, "communication": exposed}
     parts |= {"optimizer": run.optimizer * slow, "bubble": 0.0, "rest": run.rest}
     activations = run.activation_bytes_per_sample * run.batch_size * q / MIB
@@ -332,11 +352,15 @@ def predict_ddp(run: Measured, target: Target, link: Link, overlap: bool) -> Pre
     return Prediction("ddp", world, parts, round(run.batch_size * q * world), [memory] * world)
 
 
-def predict_fsdp(run: Measured, target: Target, link: Link, overlap: bool) -> Prediction:
+def predict_fsdp(
+    run: Measured, target: Target, link: Link, overlap: bool, replayed: Replayed | None = None
+) -> Prediction:
     """FSDP (ZeRO-3), on the device's share of the batch (:func:`share_seconds`): every unit's parameters
     all-gathered before its forward and again before its backward, its gradients reduce-scattered after;
-    states sharded. On a CPU (gloo) FSDP2 runs these collectives synchronously (none hidden); on GPUs each
-    overlaps the compute of the unit before it."""
+    states sharded, the optimizer stepping ``1/N`` of them. On a CPU (gloo) FSDP2 runs these collectives
+    synchronously (none hidden); on GPUs each overlaps the compute of the unit before it. Where ``replayed``
+    (a CPU), the collectives (their copies included) and the sharded optimizer step cost what they were
+    replayed to cost."""
     q, slow = _device_share(target, target.world), target.slowdown
     world = target.world
     groups = max(1, sum(1 for unit in run.units if unit[2] > 0))
@@ -344,10 +368,13 @@ def predict_fsdp(run: Measured, target: Target, link: Link, overlap: bool) -> Pr
     forward, backward = (t * slow for t in share_seconds(run, q))
     if overlap:
         exposed = max(gather - forward, gather / groups) + max(2 * gather - backward, 2 * gather / groups)
+    elif replayed is not None:
+        exposed = replayed.fsdp_seconds
     else:
         exposed = 3 * gather
+    optimizer = run.optimizer * slow * (replayed.fsdp_optimizer_factor if replayed and not overlap else 1 / world)
     parts = {"data_wait": run.data_wait * q, "compute": forward + backward, "communication": exposed}
-    parts |= {"optimizer": run.optimizer * slow / world, "bubble": 0.0, "rest": run.rest}
+    parts |= {"optimizer": optimizer, "bubble": 0.0, "rest": run.rest}
     largest_unit = max([unit[2] for unit in run.units] or [0]) * run.parameter_bytes / max(1, _parameters(run))
     activations = run.activation_bytes_per_sample * run.batch_size * q / MIB
     memory = _plus(_baseline_mb(run), _states_mb(run) / world + 2 * largest_unit / MIB + activations)
@@ -529,15 +556,18 @@ def predict_dp(run: Measured, target: Target, link: Link) -> Prediction:
     return Prediction("dp", devices, parts, samples, [root] + [other] * (devices - 1), "one process, one node")
 
 
-def plan(run: Measured, target: Target, link: Link, overlap: bool | None = None) -> list[Prediction]:
-    """Every strategy's prediction for ``target``."""
+def plan(
+    run: Measured, target: Target, link: Link, overlap: bool | None = None, replayed: Replayed | None = None
+) -> list[Prediction]:
+    """Every strategy's prediction for ``target``; ``replayed``: ddp's and fsdp's cost replayed on the
+    target's processes (:func:`replay_here`)."""
     if overlap is None:
         overlap = run.accelerator != "cpu"
     return [
         predict_single(run, target),
         predict_dp(run, target, link),
-        predict_ddp(run, target, link, overlap),
-        predict_fsdp(run, target, link, overlap),
+        predict_ddp(run, target, link, overlap, replayed),
+        predict_fsdp(run, target, link, overlap, replayed),
         predict_pipeline(run, target, link),
     ]
 
@@ -594,7 +624,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--devices", type=int, required=True, help="devices per node (processes on a CPU)")
     parser.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     parser.add_argument(
-        "--link-gbps", type=float, default=None, help="link bandwidth in Gbit/s (default: measured here with gloo)"
+        "--link-gbps",
+        type=float,
+        default=None,
+        help="link bandwidth in Gbit/s (default: measured here with gloo, and for a one-node CPU run ddp's and "
+        "fsdp's cost replayed here)",
     )
     parser.add_argument("--link-latency-us", type=float, default=10.0, help="with --link-gbps: latency (default 10)")
     parser.add_argument(
@@ -660,6 +694,34 @@ def sharing_here(run: Measured, shared_cores: str, devices: int, nodes: int = 1)
     return measured["factor"], note
 
 
+def replay_here(run: Measured, devices: int, nodes: int = 1) -> Replayed | None:
+    """For a one-node CPU run that recorded its tensors' sizes: ddp's and fsdp's cost per step on ``devices``
+    processes of this machine, replayed (:mod:`project.toolkit.measure.replay`); ``None`` elsewhere (the
+    formulas' collectives then stand)."""
+    if run.accelerator != "cpu" or nodes != 1 or devices < 2 or not run.parameter_numels:
+        return None
+    from project.toolkit.measure.replay import replay_data_parallel
+
+    threads = max(1, (run.cores or devices) // devices)
+    numels = run.parameter_numels
+    measured = replay_data_parallel(numels["units"], numels["rest"], int(run.buffer_bytes), devices, threads)
+    return Replayed(
+        measured["ddp_seconds"], measured["fsdp_seconds"], measured["fsdp_optimizer_factor"], measured["how"]
+    )
+
+
+def describe_replay(replayed: Replayed) -> str:
+    """One line of what the replay measured.
+
+    >>> describe_replay(Replayed(0.01, 0.1, 2.5, "replayed here"))
+    "ddp's communication 0.010 s and fsdp's 0.100 s per step, fsdp's optimizer step 2.50x a whole one's (replayed here)"
+    """
+    return (
+        f"ddp's communication {replayed.ddp_seconds:.3f} s and fsdp's {replayed.fsdp_seconds:.3f} s per step, "
+        f"fsdp's optimizer step {replayed.fsdp_optimizer_factor:.2f}x a whole one's ({replayed.how})"
+    )
+
+
 def link_from(gbps: float | None, latency_us: float) -> Link:
     """The link given (``--link-gbps``, ``--link-latency-us``), or measured here by a gloo all-reduce
     benchmark (:mod:`project.toolkit.measure.link`) where no bandwidth is given."""
@@ -679,14 +741,17 @@ def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, An
     slowdown = core_slowdown(run, args.shared_cores, args.devices, args.nodes, sharing)
     target = Target(args.devices, args.nodes, args.batch, args.micro_batches, slowdown)
     link = link_from(args.link_gbps, args.link_latency_us)
-    predictions = plan(run, target, link)
+    # ddp's and fsdp's own cost is replayed here where the link is this machine's (not given)
+    replayed = replay_here(run, args.devices, args.nodes) if args.link_gbps is None else None
+    predictions = plan(run, target, link, replayed=replayed)
     lines = [
         f"Plan from {run.name}: {run.accelerator}, global batch {run.batch_size}, measured step {run.step:.3f} s",
         f"  ({run.samples_per_second:.1f} samples/s); target {target.devices} device(s) x {target.nodes} node(s),",
         f"  batch {target.batch}, link {link.bandwidth * 8 / 1e9:.2f} Gbit/s + {link.latency * 1e6:.0f} us per message "
         f"({link.source}); each device computes {target.slowdown:.2f}x slower than the run (shared cores"
         + (f"; {sharing_note}" if sharing_note else "")
-        + ").",
+        + ")."
+        + (f"\n  {describe_replay(replayed)}." if replayed else ""),
         "",
         text_table(HEADER, table_rows(predictions, run)),
         "",
@@ -702,6 +767,7 @@ def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, An
         "run": run.name,
         "target": target.__dict__,
         "core_sharing": sharing_note or None,
+        "replayed": replayed.__dict__ if replayed else None,
         "link": link.__dict__,
         "predictions": [
             {

@@ -21,7 +21,8 @@ SIZES = (1024, 256 * 1024, 4 * 1024 * 1024)  # float32 elements: 4 KiB, 1 MiB, 1
 REPEATS = 20
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on this host that no one listens on now (for a short-lived process group)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -76,7 +77,7 @@ def measure_link(world: int = 2) -> dict[str, Any]:
 
     context = mp.get_context("spawn")
     results = context.Queue()
-    mp.start_processes(_worker, args=(world, _free_port(), results), nprocs=world, start_method="spawn")
+    mp.start_processes(_worker, args=(world, free_port(), results), nprocs=world, start_method="spawn")
     times = results.get(timeout=60)
     latency, bandwidth = fit_ring(times, world)
     return {

@@ -6,11 +6,14 @@ The units are the network's declared blocks where it declares them (``network_bl
 at and a pipeline balances over: :mod:`project.toolkit.strategies.blocks`), run one after the other; else its
 modules two levels down where a top-level module has children (ResNet's ``layer1.0``), else the top-level
 module itself, in the order the forward finishes them. Each unit records its forward FLOPs, its parameters
-and the bytes of its output per sample (what a pipeline stage ending there sends to the next).
+and the bytes of its output per sample (what a pipeline stage ending there sends to the next); the sizes of its
+parameter tensors, and of those outside every unit, are kept apart (``parameter_numels``: what ddp and fsdp
+reduce, gather and copy tensor by tensor, which :mod:`project.toolkit.measure.replay` replays).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -28,6 +31,12 @@ def _units(net: nn.Module) -> dict[nn.Module, str]:
         for sub_name, sub in grandchildren or [("", child)]:
             units[sub] = f"{name}.{sub_name}" if sub_name else name
     return units or {net: type(net).__name__}
+
+
+def _rest_numels(whole: nn.Module, units: Iterable[nn.Module]) -> list[int]:
+    """The sizes of ``whole``'s parameter tensors that no unit holds (FSDP's root unit)."""
+    in_units = {id(p) for unit in units for p in unit.parameters()}
+    return [p.numel() for p in whole.parameters() if id(p) not in in_units]
 
 
 def tensor_bytes(obj: Any) -> int:
@@ -56,12 +65,13 @@ def network_profile(
     """``parameters`` (count), ``input_bytes_per_sample`` (one float32 image), ``parameter_bytes``,
     ``buffer_bytes``, ``activation_bytes_per_sample`` (the tensors one training forward saves for its
     backward, per image, parameters left out) and ``units``
-    (``[name, forward FLOPs, parameters, output bytes]`` per image, in the forward's order); ``blocks``: the
-    network's declared blocks, which are then the units.
+    (``[name, forward FLOPs, parameters, output bytes]`` per image, in the forward's order),
+    ``parameter_numels`` (``units``: each unit's parameter tensors' sizes, in the units' order; ``rest``: those
+    of the tensors outside every unit); ``blocks``: the network's declared blocks, which are then the units.
 
     >>> profile = network_profile(nn.Sequential(nn.Flatten(), nn.Linear(12, 5)), image_size=2)
-    >>> profile["parameters"], profile["parameter_bytes"], profile["units"]
-    (65, 260, [['0', 0, 0, 48], ['1', 120, 65, 20]])
+    >>> profile["parameters"], profile["parameter_bytes"], profile["units"], profile["parameter_numels"]
+    (65, 260, [['0', 0, 0, 48], ['1', 120, 65, 20]], {'units': [[], [60, 5]], 'rest': []})
     """
     # One copy of the network, or of its blocks, on the meta device. BatchNorm in training mode needs 2 or
     # more values: a batch of 2, halved.
@@ -81,6 +91,7 @@ def network_profile(
 
     units = {module: name for (name, _), module in zip(blocks, model, strict=True)} if blocks else _units(model)
     rows: list[list[Any]] = []
+    numels: list[list[int]] = []
     counter = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
     start_flops: dict[nn.Module, int] = {}
     handles = []
@@ -93,6 +104,7 @@ def network_profile(
             flops = counter.get_total_flops() - start_flops[module]
             params = sum(p.numel() for p in module.parameters())
             rows.append([name, flops // batch, params, tensor_bytes(output) // batch])
+            numels.append([p.numel() for p in module.parameters()])
 
         handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
     try:
@@ -112,4 +124,8 @@ def network_profile(
         "buffer_bytes": sum(b.numel() * b.element_size() for b in net.buffers()),
         "activation_bytes_per_sample": saved[0] // batch,
         "units": rows,
+        "parameter_numels": {
+            "units": numels,
+            "rest": _rest_numels(net, [m for _, m in blocks]) if blocks else _rest_numels(model, units),
+        },
     }
