@@ -6,8 +6,8 @@ copies and sums on the cores that compute, DDP copies the gradients into its buc
 copies each unit's shards into one buffer before every gather and the result out tensor by tensor after it,
 copies the gradients into one buffer before reducing them (gloo's reduce-scatter is slower than its
 all-reduce of the same bytes), and steps its optimizer on sharded tensors, each with a cost of its own. On
-the 2-core machine of ``benchmarks/results/plan/`` the formulas gave a quarter of FSDP's cost and half of
-ddp's for the small MobileNetV2. So the plan replays them: N processes (spawned, with the intra-op threads
+the 2-core machine of ``benchmarks/results/plan/`` the formulas gave a quarter or less of fsdp's cost, and a
+third of ddp's for the small MobileNetV2. So the plan replays them: N processes (spawned, with the intra-op threads
 each would get) build a chain of units holding parameter tensors of the run's network's sizes
 (``network.parameter_numels`` in its ``timing.json``) and doing next to no arithmetic, and time its forward
 and backward plain, wrapped in ``DistributedDataParallel`` and sharded by ``fully_shard`` as the ``fsdp``
