@@ -66,7 +66,7 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_co
         arch = single.name.split("-")[1]
         target = Target(2, slowdown=core_slowdown(run, shared_cores, devices=2, sharing=sharing))
         # ddp and fsdp replayed here for every reading, given link or not: the processes are this machine's
-        replayed = replay_here(run, devices=2)
+        replayed = replay_here(run, target)
         replay_notes.append(
             f"{arch}: {describe_replay(replayed) if replayed else 'formulas (no tensor sizes in the run)'}"
         )

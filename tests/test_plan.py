@@ -281,14 +281,19 @@ def test_processes_computing_at_once_are_measured_against_one_alone() -> None:
 
 
 @pytest.mark.slow
-def test_a_cpu_plan_replays_ddp_and_fsdp_on_this_machine_with_the_runs_tensor_sizes(tmp_path: Path) -> None:
-    network = {"parameter_numels": {"units": [[4096, 64], [], [65536]], "rest": [10]}}
+def test_a_cpu_plan_replays_ddp_and_fsdp_on_this_machine_with_the_runs_tensors_and_compute(tmp_path: Path) -> None:
+    # 4 units, the second without parameters; blocks timed at 32 and 8 images: at 16 (a rank's share of 32 on
+    # 2 devices) each unit's forward takes 1 ms and its backward 2 ms, 12 ms in all
+    forward = [[0.002] * 4, [0.0005] * 4]
+    times = {"batch_sizes": [32, 8], "forward": forward, "backward": [[2 * t for t in row] for row in forward]}
+    network = {"parameter_numels": {"units": [[4096, 64], [], [65536], [8]], "rest": [10]}, "block_seconds": times}
     timing = json.loads((write_run(tmp_path / "src") / "timing.json").read_text())
     folder = write_run(tmp_path / "run", network=timing["network"] | network)
     plan.main([str(folder), "--devices", "2", "--shared-cores", "no", "--out", str(tmp_path / "out")])
     record = json.loads((tmp_path / "out" / "plan.json").read_text())
     replayed = record["replayed"]
-    assert "4 parameter tensors of the run's sizes in 2 unit(s) + root and 0 bytes of buffers" in replayed["how"]
+    assert "5 parameter tensors of the run's sizes in 3 unit(s) + root, 0 bytes of buffers" in replayed["how"]
+    assert "0.012 s of compute stood in for" in replayed["how"]
     predicted = {p["strategy"]: p["parts"] for p in record["predictions"]}
     assert replayed["fsdp_seconds"] > replayed["ddp_seconds"] > 0  # fsdp gathers twice, copies and scatters
     assert predicted["fsdp"]["communication"] == replayed["fsdp_seconds"]
@@ -296,3 +301,16 @@ def test_a_cpu_plan_replays_ddp_and_fsdp_on_this_machine_with_the_runs_tensor_si
     # a given link is not this machine's: the formula's collectives, and no replay
     plan.main([str(folder), "--devices", "2", "--link-gbps", "8", "--out", str(tmp_path / "given")])
     assert json.loads((tmp_path / "given" / "plan.json").read_text())["replayed"] is None
+
+
+@pytest.mark.slow
+def test_the_replays_stand_in_compute_keeps_the_processes_busy_for_the_units_time() -> None:
+    from project.toolkit.measure.replay import replay_data_parallel
+
+    units, rest = [[4096], [1024]], []
+    idle = replay_data_parallel(units, rest, buffer_bytes=0, world=2)
+    busy = replay_data_parallel(units, rest, buffer_bytes=0, world=2, work=[[0.01, 0.02, 2**20], [0.01, 0.02, 2**20]])
+    assert "no compute" in idle["how"] and "0.060 s of compute stood in for" in busy["how"]
+    for idle_rank, busy_rank in zip(idle["steps"], busy["steps"], strict=True):
+        # 60 ms of rewrites, calibrated alone: never much less however the machine is loaded (more when loaded)
+        assert busy_rank["plain"][0] > idle_rank["plain"][0] + 0.03

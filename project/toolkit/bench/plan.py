@@ -694,17 +694,29 @@ def sharing_here(run: Measured, shared_cores: str, devices: int, nodes: int = 1)
     return measured["factor"], note
 
 
-def replay_here(run: Measured, devices: int, nodes: int = 1) -> Replayed | None:
-    """For a one-node CPU run that recorded its tensors' sizes: ddp's and fsdp's cost per step on ``devices``
-    processes of this machine, replayed (:mod:`project.toolkit.measure.replay`); ``None`` elsewhere (the
-    formulas' collectives then stand)."""
-    if run.accelerator != "cpu" or nodes != 1 or devices < 2 or not run.parameter_numels:
+def replay_here(run: Measured, target: Target) -> Replayed | None:
+    """For a one-node CPU run that recorded its tensors' sizes: ddp's and fsdp's cost per step on the target's
+    processes, on this machine, replayed (:mod:`project.toolkit.measure.replay`), with each unit's compute on
+    its share of the batch stood in for where the run timed its blocks (the plan's compute for it: the block's
+    time at that share, ``slowdown`` x); ``None`` elsewhere (the formulas' collectives then stand)."""
+    devices = target.devices
+    if run.accelerator != "cpu" or target.nodes != 1 or devices < 2 or not run.parameter_numels:
         return None
     from project.toolkit.measure.replay import replay_data_parallel
 
     threads = max(1, (run.cores or devices) // devices)
     numels = run.parameter_numels
-    measured = replay_data_parallel(numels["units"], numels["rest"], int(run.buffer_bytes), devices, threads)
+    times, samples = _block_times(run), run.batch_size * _device_share(target, devices)
+    work = (
+        [
+            [unit_seconds(times, kind, i, samples) * target.slowdown for kind in ("forward", "backward")]
+            + [run.units[i][3] * samples]
+            for i in range(len(run.units))
+        ]
+        if times
+        else None
+    )
+    measured = replay_data_parallel(numels["units"], numels["rest"], int(run.buffer_bytes), devices, threads, work)
     return Replayed(
         measured["ddp_seconds"], measured["fsdp_seconds"], measured["fsdp_optimizer_factor"], measured["how"]
     )
@@ -713,12 +725,14 @@ def replay_here(run: Measured, devices: int, nodes: int = 1) -> Replayed | None:
 def describe_replay(replayed: Replayed) -> str:
     """One line of what the replay measured.
 
-    >>> describe_replay(Replayed(0.01, 0.1, 2.5, "replayed here"))
-    "ddp's communication 0.010 s and fsdp's 0.100 s per step, fsdp's optimizer step 2.50x a whole one's (replayed here)"
+    >>> line = describe_replay(Replayed(0.01, 0.1, 2.5, "replayed here"))
+    >>> line.startswith("ddp's communication 0.010 s and fsdp's 0.100 s"), line.endswith("(replayed here)")
+    (True, True)
     """
     return (
-        f"ddp's communication {replayed.ddp_seconds:.3f} s and fsdp's {replayed.fsdp_seconds:.3f} s per step, "
-        f"fsdp's optimizer step {replayed.fsdp_optimizer_factor:.2f}x a whole one's ({replayed.how})"
+        f"ddp's communication {replayed.ddp_seconds:.3f} s and fsdp's {replayed.fsdp_seconds:.3f} s per step (what "
+        f"the compute alone does not take), fsdp's optimizer step {replayed.fsdp_optimizer_factor:.2f}x a whole "
+        f"one's ({replayed.how})"
     )
 
 
@@ -742,7 +756,7 @@ def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, An
     target = Target(args.devices, args.nodes, args.batch, args.micro_batches, slowdown)
     link = link_from(args.link_gbps, args.link_latency_us)
     # ddp's and fsdp's own cost is replayed here where the link is this machine's (not given)
-    replayed = replay_here(run, args.devices, args.nodes) if args.link_gbps is None else None
+    replayed = replay_here(run, target) if args.link_gbps is None else None
     predictions = plan(run, target, link, replayed=replayed)
     lines = [
         f"Plan from {run.name}: {run.accelerator}, global batch {run.batch_size}, measured step {run.step:.3f} s",
