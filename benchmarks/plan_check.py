@@ -50,7 +50,9 @@ def _slowest_step(timing: dict[str, Any]) -> float | None:
     return max(steps) if steps else None
 
 
-def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_cores: str, link: Link) -> str:
+def check_cpu(
+    bench_out: Path, singles: Path, out: Path, command: str, shared_cores: str, link: Link, link_given: bool
+) -> str:
     """Predicted vs measured for the 2-process cells of a bench run, from its single-device cells."""
     runs = bench_out / "runs"
     rows, record = [], {"command": command, "link": link.__dict__, "cells": []}
@@ -61,15 +63,13 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_co
     # how much 2 processes computing at once slow each other here (auto), measured once for every cell
     sharing, sharing_note = sharing_here(next(iter(singles_runs.values())), shared_cores, devices=2)
     record["core_sharing"] = sharing_note or None
-    replay_notes = []
+    replay_notes, record["replayed"] = [], {}
     for single, run in singles_runs.items():
         arch = single.name.split("-")[1]
         target = Target(2, slowdown=core_slowdown(run, shared_cores, devices=2, sharing=sharing))
-        # ddp and fsdp replayed here for every reading, given link or not: the processes are this machine's
-        replayed = replay_here(run, target)
-        replay_notes.append(
-            f"{arch}: {describe_replay(replayed) if replayed else 'formulas (no tensor sizes in the run)'}"
-        )
+        replayed = replay_here(run, target, link_given=link_given)  # as `python -m project plan` does
+        replay_notes.append(f"{arch}: {describe_replay(replayed) if replayed else 'no replay: the formulas'}")
+        record["replayed"][arch] = replayed.__dict__ if replayed else None
         predictions = {p.strategy: p for p in plan(run, target, link, replayed=replayed)}
         for cell_prefix, strategy in PLANNED.items():
             for cell in sorted(runs.glob(f"{cell_prefix}-{arch}-*")):
@@ -118,7 +118,6 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_co
         "",
         *[f"- {note}" for note in replay_notes],
     ]
-    record["replayed"] = replay_notes
     return _write_report(out, "cpu", "The plan against measurement: 2 CPU processes", intro, header, rows, record)
 
 
@@ -223,7 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.what == "cpu":
         link = link_from(args.link_gbps, args.link_latency_us)
         singles = args.singles or args.bench_out
-        print(check_cpu(args.bench_out, singles, args.out, command, args.shared_cores, link))
+        given = args.link_gbps is not None
+        print(check_cpu(args.bench_out, singles, args.out, command, args.shared_cores, link, given))
     else:
         print(check_published(args.out, command))
 

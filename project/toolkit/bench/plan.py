@@ -7,9 +7,12 @@ and its units (:mod:`project.toolkit.measure.network`), its peak memory -- and a
 here by a short gloo all-reduce benchmark, :mod:`project.toolkit.measure.link`), it predicts for single,
 dp, ddp, fsdp and pipeline on ``N`` devices per node and ``M`` nodes: the step time and its parts, the
 throughput, the scaling efficiency and the peak memory per device. The formulas, and what they leave out,
-are in ``docs/plan.md``; each is a function here, tested on known inputs (``tests/test_plan.py``).
+are in ``docs/plan.md``; each is a function here, tested on known inputs (``tests/test_plan.py``). For a CPU
+run on this machine's processes, ddp's and fsdp's cost is replayed instead of priced by the formulas
+(:mod:`project.toolkit.measure.replay`).
 
-Reading a ``timing.json`` and computing needs no torch; only measuring the link imports it.
+Reading a ``timing.json`` and computing needs no torch; only what is measured here imports it: the link,
+how processes computing at once slow each other (:mod:`project.toolkit.measure.cores`) and the replay.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -84,12 +88,12 @@ class Link:
 @dataclass
 class Replayed:
     """ddp's and fsdp's own cost per step on the target's processes, replayed with the run's parameter
-    tensors (:mod:`project.toolkit.measure.replay`): seconds beside a plain forward and backward, and how
-    much slower an optimizer step on fsdp's shards is than one on the whole tensors."""
+    tensors (:mod:`project.toolkit.measure.replay`): seconds beside a plain forward and backward, and what an
+    optimizer step on fsdp's shards takes beyond ``1/N`` of one on the whole tensors."""
 
     ddp_seconds: float
     fsdp_seconds: float
-    fsdp_optimizer_factor: float
+    fsdp_optimizer_extra_seconds: float
     how: str
 
 
@@ -372,7 +376,9 @@ def predict_fsdp(
         exposed = replayed.fsdp_seconds
     else:
         exposed = 3 * gather
-    optimizer = run.optimizer * slow * (replayed.fsdp_optimizer_factor if replayed and not overlap else 1 / world)
+    optimizer = run.optimizer * slow / world
+    if replayed is not None and not overlap:  # the sharded step's cost per tensor
+        optimizer += replayed.fsdp_optimizer_extra_seconds
     parts = {"data_wait": run.data_wait * q, "compute": forward + backward, "communication": exposed}
     parts |= {"optimizer": optimizer, "bubble": 0.0, "rest": run.rest}
     largest_unit = max([unit[2] for unit in run.units] or [0]) * run.parameter_bytes / max(1, _parameters(run))
@@ -677,7 +683,7 @@ def core_slowdown(run: Measured, shared_cores: str, devices: int, nodes: int = 1
         return 1.0
     if not run.threads or not run.cores:
         return float(devices)
-    per_process = max(1, run.cores // devices)
+    per_process = threads_per_process(run, devices)
     return max(1.0, run.threads / per_process * max(1.0, devices * per_process / run.cores)) * sharing
 
 
@@ -689,50 +695,97 @@ def sharing_here(run: Measured, shared_cores: str, devices: int, nodes: int = 1)
         return 1.0, ""
     from project.toolkit.measure.cores import measure_core_sharing
 
-    measured = measure_core_sharing(devices, max(1, run.cores // devices))
+    measured = measure_core_sharing(devices, threads_per_process(run, devices))
     note = f"processes computing at once: {measured['factor']:.2f}x measured here ({measured['how']})"
     return measured["factor"], note
 
 
-def replay_here(run: Measured, target: Target) -> Replayed | None:
-    """For a one-node CPU run that recorded its tensors' sizes: ddp's and fsdp's cost per step on the target's
-    processes, on this machine, replayed (:mod:`project.toolkit.measure.replay`), with each unit's compute on
-    its share of the batch stood in for where the run timed its blocks (the plan's compute for it: the block's
-    time at that share, ``slowdown`` x); ``None`` elsewhere (the formulas' collectives then stand)."""
-    devices = target.devices
-    if run.accelerator != "cpu" or target.nodes != 1 or devices < 2 or not run.parameter_numels:
+def threads_per_process(run: Measured, devices: int) -> int:
+    """The intra-op threads Lightning gives each of ``devices`` processes on the run's machine's cores.
+
+    >>> threads_per_process(Measured("cpu", 1, 32, 0, 0, 0, 0, 0, 1, 0, 0, 0, None, cores=16), 4)
+    4
+    """
+    return max(1, (run.cores or devices) // devices)
+
+
+def stand_in_work(run: Measured, target: Target) -> list[Any] | None:
+    """Each unit's compute on a device of ``target`` for the replay to stand in for
+    (:class:`project.toolkit.measure.replay.UnitWork`: forward and backward seconds, output bytes): the
+    plan's compute for it -- its block's times at the device's share of the batch, scaled to the run's
+    forward and backward as :func:`share_seconds` scales them, ``slowdown`` x -- and its output at that
+    share; ``None`` where the run timed no blocks.
+
+    >>> times = {"batch_sizes": [32, 8], "forward": [[0.2, 0.2], [0.05, 0.05]], "backward": [[0.4, 0.4], [0.1, 0.1]]}
+    >>> run = Measured("cpu", 1, 32, 0, 0.4, 0.8, 0, 0, 1, 0, 0, 0, None, units=[["a", 1, 1, 10], ["b", 1, 1, 20]],
+    ...                block_seconds=times)
+    >>> [tuple(round(x, 3) for x in w) for w in stand_in_work(run, Target(2, slowdown=2.0))]
+    [(0.2, 0.4, 160.0), (0.2, 0.4, 320.0)]
+    """
+    from project.toolkit.measure.replay import UnitWork
+
+    times = _block_times(run)
+    if times is None:
+        return None
+    samples = run.batch_size * _device_share(target, target.world)
+    scale = {}
+    for kind, measured in (("forward", run.forward), ("backward", run.backward)):
+        whole = sum(unit_seconds(times, kind, i, run.batch_size) for i in range(len(run.units)))
+        scale[kind] = measured / whole if whole > 0 else 1.0
+    return [
+        UnitWork(
+            *(
+                unit_seconds(times, kind, i, samples) * scale[kind] * target.slowdown
+                for kind in ("forward", "backward")
+            ),
+            unit[3] * samples,
+        )
+        for i, unit in enumerate(run.units)
+    ]
+
+
+def replay_here(run: Measured, target: Target, link_given: bool) -> Replayed | None:
+    """ddp's and fsdp's cost per step replayed (:mod:`project.toolkit.measure.replay`) where the plan is about
+    this machine's processes: a CPU run that recorded its tensors' sizes, one node, 2 to as many devices as
+    this machine has cores, no link given (a given link is another machine's). Each unit's compute is stood
+    in for where the run timed its blocks (:func:`stand_in_work`). ``None`` elsewhere: the formulas'
+    collectives then stand.
+
+    >>> run = Measured("cuda", 1, 32, 0, 0.4, 0.8, 0, 0, 1, 0, 0, 0, None, parameter_numels={"units": [], "rest": []})
+    >>> replay_here(run, Target(2), link_given=False) is None  # a GPU run: NCCL's overlap, the formulas
+    True
+    """
+    devices, numels = target.devices, run.parameter_numels
+    if (
+        link_given
+        or run.accelerator != "cpu"
+        or target.nodes != 1
+        or not 2 <= devices <= (os.cpu_count() or 1)
+        or not numels
+        or len(numels["units"]) != len(run.units)
+    ):
         return None
     from project.toolkit.measure.replay import replay_data_parallel
 
-    threads = max(1, (run.cores or devices) // devices)
-    numels = run.parameter_numels
-    times, samples = _block_times(run), run.batch_size * _device_share(target, devices)
-    work = (
-        [
-            [unit_seconds(times, kind, i, samples) * target.slowdown for kind in ("forward", "backward")]
-            + [run.units[i][3] * samples]
-            for i in range(len(run.units))
-        ]
-        if times
-        else None
-    )
+    work = stand_in_work(run, target)
+    threads = threads_per_process(run, devices)
     measured = replay_data_parallel(numels["units"], numels["rest"], int(run.buffer_bytes), devices, threads, work)
     return Replayed(
-        measured["ddp_seconds"], measured["fsdp_seconds"], measured["fsdp_optimizer_factor"], measured["how"]
+        measured["ddp_seconds"], measured["fsdp_seconds"], measured["fsdp_optimizer_extra_seconds"], measured["how"]
     )
 
 
 def describe_replay(replayed: Replayed) -> str:
     """One line of what the replay measured.
 
-    >>> line = describe_replay(Replayed(0.01, 0.1, 2.5, "replayed here"))
+    >>> line = describe_replay(Replayed(0.01, 0.1, 0.002, "replayed here"))
     >>> line.startswith("ddp's communication 0.010 s and fsdp's 0.100 s"), line.endswith("(replayed here)")
     (True, True)
     """
     return (
         f"ddp's communication {replayed.ddp_seconds:.3f} s and fsdp's {replayed.fsdp_seconds:.3f} s per step (what "
-        f"the compute alone does not take), fsdp's optimizer step {replayed.fsdp_optimizer_factor:.2f}x a whole "
-        f"one's ({replayed.how})"
+        f"the compute alone does not take), fsdp's sharded optimizer step {replayed.fsdp_optimizer_extra_seconds:.3f} "
+        f"s more ({replayed.how})"
     )
 
 
@@ -755,8 +808,7 @@ def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, An
     slowdown = core_slowdown(run, args.shared_cores, args.devices, args.nodes, sharing)
     target = Target(args.devices, args.nodes, args.batch, args.micro_batches, slowdown)
     link = link_from(args.link_gbps, args.link_latency_us)
-    # ddp's and fsdp's own cost is replayed here where the link is this machine's (not given)
-    replayed = replay_here(run, target) if args.link_gbps is None else None
+    replayed = replay_here(run, target, link_given=args.link_gbps is not None)
     predictions = plan(run, target, link, replayed=replayed)
     lines = [
         f"Plan from {run.name}: {run.accelerator}, global batch {run.batch_size}, measured step {run.step:.3f} s",
