@@ -122,11 +122,11 @@ def test_fsdp_gathers_twice_and_reduce_scatters_once_and_shards_the_states() -> 
 
 def test_on_a_cpu_the_replayed_costs_take_the_place_of_the_formulas_collectives() -> None:
     run = measured(accelerator="cpu")
-    replayed = plan.Replayed(ddp_seconds=0.2, fsdp_seconds=0.5, fsdp_optimizer_extra_seconds=0.05, how="given")
+    replayed = plan.Replayed(ddp_seconds=0.2, fsdp_seconds=0.5, fsdp_optimizer_factor=0.4, how="given")
     ddp = plan.predict_ddp(run, Target(4), FAST, overlap=False, replayed=replayed)
     fsdp = plan.predict_fsdp(run, Target(4), FAST, overlap=False, replayed=replayed)
     assert ddp.parts["communication"] == 0.2 and fsdp.parts["communication"] == 0.5
-    assert fsdp.parts["optimizer"] == pytest.approx(0.1 / 4 + 0.05)  # a quarter of the step, and the shards' cost
+    assert fsdp.parts["optimizer"] == pytest.approx(0.1 * 0.4)  # the run's step on the shards: 0.4x, not 1/4
     # nothing else moves
     for replayed_one, formula in (
         (ddp, plan.predict_ddp(run, Target(4), FAST, overlap=False)),
@@ -334,7 +334,7 @@ def test_a_cpu_plan_replays_ddp_and_fsdp_on_this_machine_with_the_runs_tensors_a
     predicted = {p["strategy"]: p["parts"] for p in record["predictions"]}
     assert predicted["fsdp"]["communication"] == replayed["fsdp_seconds"]
     assert predicted["ddp"]["communication"] == replayed["ddp_seconds"]
-    assert predicted["fsdp"]["optimizer"] == pytest.approx(0.1 / 2 + replayed["fsdp_optimizer_extra_seconds"])
+    assert predicted["fsdp"]["optimizer"] == pytest.approx(0.1 * replayed["fsdp_optimizer_factor"])
     # a given link is not this machine's: the formula's collectives, and no replay
     plan.main([str(folder), "--devices", "2", "--link-gbps", "8", "--out", str(tmp_path / "given")])
     assert json.loads((tmp_path / "given" / "plan.json").read_text())["replayed"] is None

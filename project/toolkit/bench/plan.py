@@ -88,12 +88,12 @@ class Link:
 @dataclass
 class Replayed:
     """ddp's and fsdp's own cost per step on the target's processes, replayed with the run's parameter
-    tensors (:mod:`project.toolkit.measure.replay`): seconds beside a plain forward and backward, and what an
-    optimizer step on fsdp's shards takes beyond ``1/N`` of one on the whole tensors."""
+    tensors (:mod:`project.toolkit.measure.replay`): seconds beside a plain forward and backward, and how
+    many times an optimizer step on fsdp's shards takes one on the whole tensors."""
 
     ddp_seconds: float
     fsdp_seconds: float
-    fsdp_optimizer_extra_seconds: float
+    fsdp_optimizer_factor: float
     how: str
 
 
@@ -376,9 +376,10 @@ def predict_fsdp(
         exposed = replayed.fsdp_seconds
     else:
         exposed = 3 * gather
-    optimizer = run.optimizer * slow / world
-    if replayed is not None and not overlap:  # the sharded step's cost per tensor
-        optimizer += replayed.fsdp_optimizer_extra_seconds
+    if replayed is not None and not overlap:  # a sharded step's dispatch per operation and tensor, replayed
+        optimizer = run.optimizer * slow * replayed.fsdp_optimizer_factor
+    else:
+        optimizer = run.optimizer * slow / world
     parts = {"data_wait": run.data_wait * q, "compute": forward + backward, "communication": exposed}
     parts |= {"optimizer": optimizer, "bubble": 0.0, "rest": run.rest}
     largest_unit = max([unit[2] for unit in run.units] or [0]) * run.parameter_bytes / max(1, _parameters(run))
@@ -771,21 +772,21 @@ def replay_here(run: Measured, target: Target, link_given: bool) -> Replayed | N
     threads = threads_per_process(run, devices)
     measured = replay_data_parallel(numels["units"], numels["rest"], int(run.buffer_bytes), devices, threads, work)
     return Replayed(
-        measured["ddp_seconds"], measured["fsdp_seconds"], measured["fsdp_optimizer_extra_seconds"], measured["how"]
+        measured["ddp_seconds"], measured["fsdp_seconds"], measured["fsdp_optimizer_factor"], measured["how"]
     )
 
 
 def describe_replay(replayed: Replayed) -> str:
     """One line of what the replay measured.
 
-    >>> line = describe_replay(Replayed(0.01, 0.1, 0.002, "replayed here"))
+    >>> line = describe_replay(Replayed(0.01, 0.1, 2.5, "replayed here"))
     >>> line.startswith("ddp's communication 0.010 s and fsdp's 0.100 s"), line.endswith("(replayed here)")
     (True, True)
     """
     return (
         f"ddp's communication {replayed.ddp_seconds:.3f} s and fsdp's {replayed.fsdp_seconds:.3f} s per step (what "
-        f"the compute alone does not take), fsdp's sharded optimizer step {replayed.fsdp_optimizer_extra_seconds:.3f} "
-        f"s more ({replayed.how})"
+        f"the compute alone does not take), fsdp's optimizer step {replayed.fsdp_optimizer_factor:.2f}x a whole "
+        f"one's ({replayed.how})"
     )
 
 

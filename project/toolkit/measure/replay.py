@@ -214,9 +214,10 @@ def replay_data_parallel(
     for parameter tensors of these sizes (``units``: per unit; ``rest``: the root's), buffers of
     ``buffer_bytes`` and, where given, each unit's compute stood in for (``work``, one per unit). The slowest
     rank's ``ddp_seconds`` and ``fsdp_seconds`` (their forward and backward less the plain one) and
-    ``fsdp_optimizer_extra_seconds`` (an optimizer step on the shards less ``1/world`` of one on the whole
-    tensors: the sharded step's cost per tensor); ``steps``: each rank's mean ``[forward and backward,
-    optimizer]`` seconds plain, under ddp and under fsdp."""
+    ``fsdp_optimizer_factor`` (an optimizer step on the shards over one on the whole tensors: on a CPU a step
+    over a network's many small tensors is mostly each operation's dispatch, which sharded tensors make
+    dearer, so an optimizer of more operations per tensor pays in proportion); ``steps``: each rank's mean
+    ``[forward and backward, optimizer]`` seconds plain, under ddp and under fsdp."""
     import torch.multiprocessing as mp
 
     if work is not None and len(work) != len(units):
@@ -232,7 +233,7 @@ def replay_data_parallel(
     return {
         "ddp_seconds": max(0.0, *(s["ddp"][0] - s["plain"][0] for s in steps)),
         "fsdp_seconds": max(0.0, *(s["fsdp"][0] - s["plain"][0] for s in steps)),
-        "fsdp_optimizer_extra_seconds": max(0.0, *(s["fsdp"][1] - s["plain"][1] / world for s in steps)),
+        "fsdp_optimizer_factor": max(s["fsdp"][1] / max(s["plain"][1], 1e-9) for s in steps),
         "steps": steps,
         "how": f"replayed over gloo by {world} processes of {threads} thread(s): {tensors} parameter tensors of "
         f"the run's sizes in {sum(1 for u in units if u)} unit(s) + root, {buffer_bytes} bytes of buffers{compute}; "
