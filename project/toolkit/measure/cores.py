@@ -6,8 +6,8 @@ backward passes: in each round first one process alone, then all N at once. The 
 take at once over the time one takes alone (the fastest round of each). On a machine whose cores are its
 own it is about 1 while the processes' threads fit the cores; where the cores are not what they seem --
 virtual CPUs that are two threads of one physical core, memory bandwidth shared with neighbours -- it is
-more, and nothing inside the machine says so. (On the 2-core VM of ``benchmarks/results/plan/`` it is
-1.00-1.09x.) It takes a few seconds, most of them starting the processes.
+more, and nothing inside the machine says so. (On the 2-core VM of ``benchmarks/results/plan/`` its
+readings were 1.02-1.12x.) It takes a few seconds, most of them starting the processes.
 """
 
 from __future__ import annotations
