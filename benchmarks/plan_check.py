@@ -50,9 +50,7 @@ def _slowest_step(timing: dict[str, Any]) -> float | None:
     return max(steps) if steps else None
 
 
-def check_cpu(
-    bench_out: Path, singles: Path, out: Path, command: str, shared_cores: str, link: Link, link_given: bool
-) -> str:
+def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_cores: str, link: Link) -> str:
     """Predicted vs measured for the 2-process cells of a bench run, from its single-device cells."""
     runs = bench_out / "runs"
     rows, record = [], {"command": command, "link": link.__dict__, "cells": []}
@@ -67,7 +65,7 @@ def check_cpu(
     for single, run in singles_runs.items():
         arch = single.name.split("-")[1]
         target = Target(2, slowdown=core_slowdown(run, shared_cores, devices=2, sharing=sharing))
-        replayed = replay_here(run, target, link_given=link_given)  # as `python -m project plan` does
+        replayed = replay_here(run, target, link)  # as `python -m project plan` does
         replay_notes.append(f"{arch}: {describe_replay(replayed) if replayed else 'no replay: the formulas'}")
         record["replayed"][arch] = replayed.__dict__ if replayed else None
         predictions = {p.strategy: p for p in plan(run, target, link, replayed=replayed)}
@@ -222,8 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.what == "cpu":
         link = link_from(args.link_gbps, args.link_latency_us)
         singles = args.singles or args.bench_out
-        given = args.link_gbps is not None
-        print(check_cpu(args.bench_out, singles, args.out, command, args.shared_cores, link, given))
+        print(check_cpu(args.bench_out, singles, args.out, command, args.shared_cores, link))
     else:
         print(check_published(args.out, command))
 

@@ -471,7 +471,8 @@ def test_on_device_gives_the_images_of_the_default_path(cifar_root: Path, world_
     assert on_device._on_device["train"][0].shape == (160, 32, 32, 3)  # uint8 as the arrays come, on the (CPU) device
     assert_same_batches(default, on_device, epoch=2)
     # evaluation batches are slices of the images on the device: no DataLoader, no worker processes
-    assert all(isinstance(batch, slice) for batch in on_device.test_dataloader())
+    batches = list(on_device.test_dataloader())
+    assert batches and all(isinstance(batch, slice) for batch in batches)
 
 
 def test_on_device_fit_equals_the_default_one_and_evaluates(tiny_args: list[str], tmp_path: Path) -> None:

@@ -285,15 +285,16 @@ def test_the_replay_is_for_this_machines_cpu_processes_only(monkeypatch: pytest.
     numels = {"units": [[10]] * 4, "rest": []}
     run = measured(accelerator="cpu", parameter_numels=numels)
     monkeypatch.setattr("os.cpu_count", lambda: 4)
+    here = Link(1e-4, 2e9, "measured here", here=True)
     # each of these returns before anything is spawned
-    assert plan.replay_here(run, Target(2), link_given=True) is None  # a given link: another machine's
-    assert plan.replay_here(measured(parameter_numels=numels), Target(2), link_given=False) is None  # a GPU run
-    assert plan.replay_here(run, Target(2, nodes=2), link_given=False) is None
-    assert plan.replay_here(run, Target(1), link_given=False) is None
-    assert plan.replay_here(run, Target(8), link_given=False) is None  # more processes than cores
-    assert plan.replay_here(measured(accelerator="cpu"), Target(2), link_given=False) is None  # no tensor sizes
+    assert plan.replay_here(run, Target(2), FAST) is None  # a given link: another machine's
+    assert plan.replay_here(measured(parameter_numels=numels), Target(2), here) is None  # a GPU run
+    assert plan.replay_here(run, Target(2, nodes=2), here) is None
+    assert plan.replay_here(run, Target(1), here) is None
+    assert plan.replay_here(run, Target(8), here) is None  # more processes than cores
+    assert plan.replay_here(measured(accelerator="cpu"), Target(2), here) is None  # no tensor sizes
     odd = measured(accelerator="cpu", parameter_numels={"units": [[10]], "rest": []})
-    assert plan.replay_here(odd, Target(2), link_given=False) is None  # tensor sizes of other units
+    assert plan.replay_here(odd, Target(2), here) is None  # tensor sizes of other units
 
 
 def test_the_replay_refuses_work_for_other_units() -> None:

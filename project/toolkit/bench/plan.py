@@ -78,11 +78,13 @@ class Measured:
 
 @dataclass
 class Link:
-    """The slowest link of the ring: seconds per message and bytes per second."""
+    """The slowest link of the ring: seconds per message and bytes per second; ``here``: measured between
+    this machine's processes (a given or assumed link is another machine's)."""
 
     latency: float
     bandwidth: float
     source: str
+    here: bool = False
 
 
 @dataclass
@@ -298,13 +300,23 @@ def share_seconds(run: Measured, share: float) -> tuple[float, float]:
     times = _block_times(run)
     if share >= 1 or times is None:
         return run.forward * share, run.backward * share
+    scale = _to_run(run, times)
     scaled = []
     for kind, measured in (("forward", run.forward), ("backward", run.backward)):
-        units = range(len(run.units))
-        whole = sum(unit_seconds(times, kind, i, run.batch_size) for i in units)
-        part = sum(unit_seconds(times, kind, i, run.batch_size * share) for i in units)
-        scaled.append(measured * part / whole if whole > 0 else measured * share)
+        part = sum(unit_seconds(times, kind, i, run.batch_size * share) for i in range(len(run.units)))
+        scaled.append(part * scale[kind] if scale[kind] is not None else measured * share)
     return scaled[0], scaled[1]
+
+
+def _to_run(run: Measured, times: dict[str, Any]) -> dict[str, float | None]:
+    """Per kind (``forward``, ``backward``): what turns the blocks' times into the run's own -- the run's
+    seconds over its blocks' at its batch size (timed apart, after the fit); None where the blocks took
+    no time."""
+    scale: dict[str, float | None] = {}
+    for kind, measured in (("forward", run.forward), ("backward", run.backward)):
+        whole = sum(unit_seconds(times, kind, i, run.batch_size) for i in range(len(run.units)))
+        scale[kind] = measured / whole if whole > 0 else None
+    return scale
 
 
 def _states_mb(run: Measured) -> float:
@@ -341,14 +353,13 @@ def predict_ddp(
     world = target.world
     forward, backward = (t * slow for t in share_seconds(run, q))
     buckets = ddp_buckets(run.parameter_bytes)
-    if replayed is not None and not overlap:  # its all-reduces and its buffers' broadcasts, replayed
+    broadcast = broadcast_seconds(run.buffer_bytes, world, link) if run.buffer_bytes else 0.0
+    if overlap:
+        exposed = ddp_exposed_seconds(buckets, backward, world, link) + broadcast
+    elif replayed is not None:  # its all-reduces and its buffers' broadcasts, replayed
         exposed = replayed.ddp_seconds
     else:
-        if overlap:
-            exposed = ddp_exposed_seconds(buckets, backward, world, link)
-        else:
-            exposed = sum(ring_all_reduce_seconds(size, world, link) for size in buckets)
-        exposed += broadcast_seconds(run.buffer_bytes, world, link) if run.buffer_bytes else 0.0
+        exposed = sum(ring_all_reduce_seconds(size, world, link) for size in buckets) + broadcast
     parts = {"data_wait": run.data_wait * q, "compute": forward + backward, "communication": exposed}
     parts |= {"optimizer": run.optimizer * slow, "bubble": 0.0, "rest": run.rest}
     activations = run.activation_bytes_per_sample * run.batch_size * q / MIB
@@ -370,16 +381,14 @@ def predict_fsdp(
     groups = max(1, sum(1 for unit in run.units if unit[2] > 0))
     gather = all_gather_seconds(run.parameter_bytes, world, link) + (groups - 1) * (world - 1) * link.latency
     forward, backward = (t * slow for t in share_seconds(run, q))
+    optimizer = run.optimizer * slow / world
     if overlap:
         exposed = max(gather - forward, gather / groups) + max(2 * gather - backward, 2 * gather / groups)
     elif replayed is not None:
         exposed = replayed.fsdp_seconds
+        optimizer = run.optimizer * slow * replayed.fsdp_optimizer_factor  # a sharded step's dispatch, replayed
     else:
         exposed = 3 * gather
-    if replayed is not None and not overlap:  # a sharded step's dispatch per operation and tensor, replayed
-        optimizer = run.optimizer * slow * replayed.fsdp_optimizer_factor
-    else:
-        optimizer = run.optimizer * slow / world
     parts = {"data_wait": run.data_wait * q, "compute": forward + backward, "communication": exposed}
     parts |= {"optimizer": optimizer, "bubble": 0.0, "rest": run.rest}
     largest_unit = max([unit[2] for unit in run.units] or [0]) * run.parameter_bytes / max(1, _parameters(run))
@@ -729,10 +738,7 @@ def stand_in_work(run: Measured, target: Target) -> list[Any] | None:
     if times is None:
         return None
     samples = run.batch_size * _device_share(target, target.world)
-    scale = {}
-    for kind, measured in (("forward", run.forward), ("backward", run.backward)):
-        whole = sum(unit_seconds(times, kind, i, run.batch_size) for i in range(len(run.units)))
-        scale[kind] = measured / whole if whole > 0 else 1.0
+    scale = {kind: 1.0 if factor is None else factor for kind, factor in _to_run(run, times).items()}
     return [
         UnitWork(
             *(
@@ -745,20 +751,19 @@ def stand_in_work(run: Measured, target: Target) -> list[Any] | None:
     ]
 
 
-def replay_here(run: Measured, target: Target, link_given: bool) -> Replayed | None:
+def replay_here(run: Measured, target: Target, link: Link) -> Replayed | None:
     """ddp's and fsdp's cost per step replayed (:mod:`project.toolkit.measure.replay`) where the plan is about
     this machine's processes: a CPU run that recorded its tensors' sizes, one node, 2 to as many devices as
-    this machine has cores, no link given (a given link is another machine's). Each unit's compute is stood
-    in for where the run timed its blocks (:func:`stand_in_work`). ``None`` elsewhere: the formulas'
-    collectives then stand.
+    this machine has cores, the link measured here (``link.here``). Each unit's compute is stood in for where
+    the run timed its blocks (:func:`stand_in_work`). ``None`` elsewhere: the formulas' collectives then stand.
 
     >>> run = Measured("cuda", 1, 32, 0, 0.4, 0.8, 0, 0, 1, 0, 0, 0, None, parameter_numels={"units": [], "rest": []})
-    >>> replay_here(run, Target(2), link_given=False) is None  # a GPU run: NCCL's overlap, the formulas
+    >>> replay_here(run, Target(2), Link(1e-4, 2e9, "measured", here=True)) is None  # a GPU run: the formulas
     True
     """
     devices, numels = target.devices, run.parameter_numels
     if (
-        link_given
+        not link.here
         or run.accelerator != "cpu"
         or target.nodes != 1
         or not 2 <= devices <= (os.cpu_count() or 1)
@@ -798,7 +803,7 @@ def link_from(gbps: float | None, latency_us: float) -> Link:
     from project.toolkit.measure.link import measure_link
 
     measured = measure_link()
-    return Link(measured["latency_s"], measured["bandwidth_bytes_per_s"], "measured here (gloo all_reduce)")
+    return Link(measured["latency_s"], measured["bandwidth_bytes_per_s"], "measured here (gloo all_reduce)", here=True)
 
 
 def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, Any]]:
@@ -809,7 +814,7 @@ def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, An
     slowdown = core_slowdown(run, args.shared_cores, args.devices, args.nodes, sharing)
     target = Target(args.devices, args.nodes, args.batch, args.micro_batches, slowdown)
     link = link_from(args.link_gbps, args.link_latency_us)
-    replayed = replay_here(run, target, link_given=args.link_gbps is not None)
+    replayed = replay_here(run, target, link)
     predictions = plan(run, target, link, replayed=replayed)
     lines = [
         f"Plan from {run.name}: {run.accelerator}, global batch {run.batch_size}, measured step {run.step:.3f} s",

@@ -85,18 +85,21 @@ def _rewrite_seconds(scratch: torch.Tensor) -> float:
     return min(samples[1:])
 
 
-def _scratch_of(scratch: torch.Tensor, nbytes: float) -> torch.Tensor:
-    return scratch[: max(1, min(int(nbytes), SCRATCH_CAP_BYTES) // 4)]
+def _scratches(work: list[UnitWork]) -> list[torch.Tensor]:
+    """Each unit's scratch tensor of its output's size (at most ``SCRATCH_CAP_BYTES``): views of one."""
+    elements = [max(1, min(int(w.nbytes), SCRATCH_CAP_BYTES) // 4) for w in work]
+    scratch = torch.zeros(max(elements))
+    return [scratch[:n] for n in elements]
 
 
-def _calibrate(work: list[UnitWork], scratch: torch.Tensor, rank: int, world: int) -> list[tuple[int, int]]:
+def _calibrate(work: list[UnitWork], scratches: list[torch.Tensor], rank: int, world: int) -> list[tuple[int, int]]:
     """Each unit's rewrite counts, the processes calibrating one at a time (each alone, as the run's blocks
     were timed), the others waiting."""
     counts: list[tuple[int, int]] = []
     for turn in range(world):
         dist.barrier()
         if turn == rank:
-            counts = [rewrites(w, _rewrite_seconds(_scratch_of(scratch, w.nbytes))) for w in work]
+            counts = [rewrites(w, _rewrite_seconds(scratch)) for w, scratch in zip(work, scratches, strict=True)]
     dist.barrier()
     return counts
 
@@ -183,9 +186,9 @@ def _worker(
     try:
         stand_ins = []
         if work:
-            scratch = torch.zeros(max(1, min(int(max(w.nbytes for w in work)), SCRATCH_CAP_BYTES) // 4))
-            counts = _calibrate(work, scratch, rank, world)  # once: the three chains do the same work
-            stand_ins = [(_scratch_of(scratch, w.nbytes), c) for w, c in zip(work, counts, strict=True)]
+            scratches = _scratches(work)
+            counts = _calibrate(work, scratches, rank, world)  # once: the three chains do the same work
+            stand_ins = list(zip(scratches, counts, strict=True))
 
         def chain() -> _Chain:
             return _Chain(*tensors, stand_ins)
