@@ -1,13 +1,14 @@
-"""What the three performance benchmarks share: running the template (``python -m project ...``) and
-the plain PyTorch loops it is compared with, each in a fresh process, and reading their clocks.
+"""What the performance benchmarks share: running the template (``python -m project ...``) and the plain
+PyTorch loops it is compared with, and reading their clocks.
 
-Both sides of every comparison run as their own process (the template through its real entry point,
-the plain loops of :mod:`benchmarks.plain` through ``python -m benchmarks.plain fit|infer ...``), so
-neither inherits the other's warm caches, threads or memory. Both start in the repository root,
-where ``-m`` imports this checkout's ``project`` and ``benchmarks`` without any PYTHONPATH. Both read
-their batches from the data module's own DataLoaders (same in-memory data, augmentation, sampler,
-workers, pinning): the input pipeline is measured on its own (``python -m benchmarks.input``); the
-comparison is about the loop around it.
+The template runs through its real entry point, the plain loops are those of :mod:`benchmarks.plain`.
+The template/plain comparisons (``overhead``, ``inference``) run both sides in one fresh process per
+session, alternated (:func:`session`, :mod:`benchmarks.paired`, which says why); the benchmarks of one
+side's settings (``host_memory``, ``parity``) run each side in a fresh process of its own
+(:func:`template`, :func:`plain_fit_run`). Every process starts in the repository root, where ``-m``
+imports this checkout's ``project`` and ``benchmarks`` without any PYTHONPATH. Both sides hold the
+images in memory and make each batch at once in the training process, as the template does by default on
+a CPU; the input paths are measured on their own (``python -m benchmarks.input``).
 
 Both sides are timed at the same instants: the template by one extra callback,
 :class:`project.toolkit.measure.stamps.StepStamps` (a ``perf_counter()`` per batch, microseconds), the
@@ -164,44 +165,49 @@ def template(stage: str, setup: Setup, folder: Path, threads: int, batch_size: i
     batches of ``batch_size``), writing into ``folder``; returns its ``timing.json``, with the
     :class:`~project.toolkit.measure.stamps.StepStamps` under ``"clock"``."""
     folder.mkdir(parents=True, exist_ok=True)
-    clock = folder / "clock.json"
-    command = [
-        sys.executable,
-        "-m",
-        "project",
+    run([sys.executable, "-m", "project", *template_arguments(stage, setup, folder, batch_size)], threads)
+    return template_results(folder)
+
+
+def template_arguments(stage: str, setup: Setup, folder: Path, batch_size: int | None = None) -> list[str]:
+    """The arguments of ``python -m project`` for :func:`template`: ``stage``, ``setup``'s options, ``folder``
+    as the run's root and the :class:`~project.toolkit.measure.stamps.StepStamps` callback."""
+    return [
         stage,
         *setup.cli_args(batch_size),
         f"--trainer.default_root_dir={folder}",
         "--trainer.callbacks+=project.toolkit.measure.stamps.StepStamps",
-        f"--trainer.callbacks.path={clock}",
+        f"--trainer.callbacks.path={folder / 'clock.json'}",
     ]
-    run(command, threads)
+
+
+def template_results(folder: Path) -> dict[str, Any]:
+    """The ``timing.json`` of the template's run in ``folder``, with its stamps under ``"clock"``."""
     timing = json.loads(next(folder.glob("lightning_logs/version_*/timing.json")).read_text())
-    timing["clock"] = json.loads(clock.read_text())
+    timing["clock"] = json.loads((folder / "clock.json").read_text())
     return timing
+
+
+def session(
+    stage: str, setup: Setup, folder: Path, threads: int, batch_size: int | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """One session of :mod:`benchmarks.paired` in a fresh process: both sides run ``stage`` (``fit``, ``test``
+    or ``predict``) on ``setup`` in that one process, alternated (plain, template, template, plain).
+    Returns each side's results in the order they ran: the plain loop's, and the template's ``timing.json``
+    with its stamps under ``"clock"``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = {"stage": stage, "setup": asdict(setup), "batch_size": batch_size}
+    run([sys.executable, "-m", "benchmarks.paired", json.dumps(spec), str(folder)], threads)
+    return json.loads((folder / "session.json").read_text())
 
 
 def plain_fit_run(setup: Setup, out: Path, threads: int, test: bool = False) -> dict[str, Any]:
     """:func:`benchmarks.plain.plain_fit` in a fresh process; returns what it measured (also written
     to ``out``), with ``test``: its test accuracy under ``"test_acc"``."""
-    return _plain("fit", [{"setup": asdict(setup), "test": test}], out, threads)[0]
-
-
-def plain_infer_run(jobs: list[tuple[Setup, int, bool]], out: Path, threads: int) -> list[dict[str, Any]]:
-    """:func:`benchmarks.plain.plain_infer` for each ``(setup, batch size, predict)`` of ``jobs``, each in a
-    fresh process of its own, as the template's runs are: a process that has run a larger network before
-    runs the next one up to 1.5x faster on a CPU (the C library's allocator keeps the freed memory instead
-    of mapping it anew), which would favour whichever side runs several jobs in one process."""
-    return [
-        _plain("infer", [{"setup": asdict(setup), "batch_size": batch, "predict": predict}], out, threads)[0]
-        for setup, batch, predict in jobs
-    ]
-
-
-def _plain(task: str, specs: list[dict[str, Any]], out: Path, threads: int) -> list[dict[str, Any]]:
     out.parent.mkdir(parents=True, exist_ok=True)
-    run([sys.executable, "-m", "benchmarks.plain", task, json.dumps(specs), str(out)], threads)
-    return json.loads(out.read_text())
+    specs = [{"setup": asdict(setup), "test": test}]
+    run([sys.executable, "-m", "benchmarks.plain", json.dumps(specs), str(out)], threads)
+    return json.loads(out.read_text())[0]
 
 
 # --------------------------------------------------------------------------- reading the numbers
@@ -254,14 +260,10 @@ def epoch_throughput(epochs: list[dict[str, Any]]) -> float:
     return sum(e["samples"] for e in steady) / sum(e["seconds"] for e in steady)
 
 
-def best(values: list[float]) -> float:
-    """The best of the repeats: on a shared machine disturbances only ever slow a run down."""
-    return max(values)
-
-
-def spread(values: list[float]) -> float:
-    """How much repeats of one side differ: the largest over the smallest, minus one."""
-    return max(values) / min(values) - 1
+def session_ratio(runs: dict[str, list[dict[str, float]]], key: str) -> float:
+    """A session's template/plain ratio of ``key`` (a speed): the template's mean over its runs, over the plain
+    loop's mean (runs alternated plain, template, template, plain: a steady drift cancels)."""
+    return statistics.fmean(r[key] for r in runs["template"]) / statistics.fmean(r[key] for r in runs["plain"])
 
 
 def machine(threads: int) -> str:
@@ -284,13 +286,14 @@ def publish_comparison(
     true); ``extra``: a second table (header, rows)."""
     worst = min((case for case in cases if case.get("goal", True)), key=lambda case: case["ratio"])
     status = "met" if worst["ratio"] >= goal else "MISSED"
+    ratios = worst[f"{args.clock}_session_ratios"]
     headline = (
         f"{name}: min template/plain {what} ratio {worst['ratio']:.3f} on the {args.clock} clock ({worst['case']}; "
-        f"repeats of one side differ by up to {100 * worst['spread']:.0f} %); goal >= {goal}: {status}"
+        f"median of {len(ratios)} sessions, which gave {min(ratios):.3f} to {max(ratios):.3f}); goal >= {goal}: {status}"
     )
     seconds = time.perf_counter() - started
     where = machine(args.threads)
-    notes = f"{where}; {args.repeats} alternations per case; {seconds:.0f} s"
+    notes = f"{where}; {args.repeats} sessions per case, each plain, template, template, plain in one process; {seconds:.0f} s"
     report = {"machine": where, "seconds": seconds}
     report.update(clock=args.clock, threads=args.threads, repeats=args.repeats, cases=cases)
     publish(args, name, report, header, rows, notes, headline, extra)
@@ -329,7 +332,7 @@ def common_arguments(module: str, description: str, default_repeats: int) -> arg
     parser.set_defaults(module=module)
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
     parser.add_argument(
-        "--repeats", type=int, default=default_repeats, help="alternations of template and plain loop per case"
+        "--repeats", type=int, default=default_repeats, help="how often each case is measured (sessions, runs or seeds: see the benchmark's notes)"
     )
     # One thread by default on a CPU: where other work shares the cores, a step split across several
     # OpenMP threads waits for the one that was descheduled (steps took 5-10x longer here, and varied

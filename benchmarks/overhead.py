@@ -1,28 +1,28 @@
 """Training overhead of the template: ``python -m project fit`` against a plain PyTorch loop.
 
-Both sides train the same network on the same in-memory data (synthetic CIFAR-shaped images through
-the data module's DataLoader, the default number of workers), with the same global batch, SGD and
-warm-up + cosine schedule, for the same number of steps, each in a fresh process:
+Both sides train the same network on the same synthetic CIFAR-shaped images, with the same global batch,
+SGD and warm-up + cosine schedule, for the same number of steps:
 
-- plain: the loop a careful user writes (``benchmarks.plain.plain_fit``): channels_last,
-  ``zero_grad(set_to_none=True)``, no host reads inside the epoch, a validation batch under
-  ``inference_mode`` before training (where the template has its sanity check) and after every
-  epoch, a checkpoint every epoch;
-- template: ``python -m project fit`` with its default callbacks (timing, TensorBoard logger,
-  checkpoint at epoch end, progress bar, fault guards, reseeding, host memory reuse) and one validation
-  batch per epoch. The plain loop reuses host memory as the template does (``benchmarks.plain``);
-  ``--options`` adds a case with neither doing so.
+- plain: the loop a careful user writes (``benchmarks.plain.plain_fit``): the images in memory, each
+  batch augmented at once in the loop, channels_last, ``zero_grad(set_to_none=True)``, no host reads
+  inside the epoch, a validation batch under ``inference_mode`` before training (where the template has
+  its sanity check) and after every epoch, a checkpoint every epoch;
+- template: ``python -m project fit`` with its defaults -- the input path it picks (on a CPU the same
+  in-memory batches), its callbacks (timing, TensorBoard logger, checkpoint at epoch end, progress bar,
+  fault guards, reseeding, host memory reuse) -- and one validation batch per epoch. The plain loop
+  reuses host memory as the template does (``benchmarks.plain``); ``--options`` adds a case with neither
+  doing so.
 
-The two alternate (plain, template, template, plain, ...) ``--repeats`` times per case, so a change in
-the machine's load hits both. Everything is over the epochs after the first (warm-up, worker start-up);
-each side's best repeat is compared (disturbances on a shared machine only ever slow a run down):
+Each of ``--repeats`` sessions is a fresh process that runs plain, template, template, plain
+(:mod:`benchmarks.paired`, which says why both sides share a process). Everything is over the epochs after
+the first (warm-up):
 
 - throughput (images/s): the batch size over the median step cycle -- end of one training batch to
   the end of the next, so it includes all the per-step work of each side (loading, forward, backward,
-  optimizer, logging, metrics, callbacks, progress bar). The headline ratio is template/plain; the
-  ratio of each adjacent pair of runs is shown next to it, and the repeat spread: how much the
-  repeats of one side differ (largest over smallest, the larger of the two sides). A ratio whose
-  distance from 1 is within that spread is not resolved by this run;
+  optimizer, logging, metrics, callbacks, progress bar). A session's ratio is the template's mean speed
+  over the plain loop's; the headline ratio is the median over the sessions, each session's ratio shown
+  next to it: how far they spread is how well the run resolves the ratio. The speeds shown are each
+  side's median run;
 - epoch ratio: the same ratio from whole epochs as ``timing.json`` computes them
   (``train_samples_per_second``: an epoch from its start to its last step) -- what a user sees, but
   on a shared machine as noisy as the load;
@@ -34,6 +34,7 @@ The last line printed is the headline: the smallest throughput ratio over the ca
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 import time
 from dataclasses import replace
@@ -43,18 +44,16 @@ from typing import Any
 from benchmarks._common import (
     CLOCKS,
     Setup,
-    best,
     common_arguments,
     epoch_throughput,
     machine,
     on,
     parse,
-    plain_fit_run,
     publish_comparison,
-    spread,
+    session,
+    session_ratio,
     steady_epoch_wall,
     steady_step_cycle,
-    template,
 )
 from project.toolkit.measure.tables import number
 
@@ -62,8 +61,8 @@ GOAL = 0.98
 # Small images on a CPU, where the template's per-step host work weighs the most: each case's epoch is a
 # few seconds of compute, long enough for a few step cycles, short enough that the benchmarks take minutes.
 CASES = [
-    Setup("mobilenet_v2", image_size=32, batch_size=128, train_batches=6),
-    Setup("resnet50", image_size=32, batch_size=64, train_batches=4),
+    Setup("mobilenet_v2", image_size=32, batch_size=128, train_batches=8),
+    Setup("resnet50", image_size=32, batch_size=64, train_batches=6),
 ]
 # --options: the template's speed options, measured on the cheapest case (compile takes minutes).
 OPTION_CASES = [
@@ -75,57 +74,54 @@ OPTION_CASES = [
 
 
 def measure(setup: Setup, repeats: int, threads: int, work: Path, clock: str) -> dict[str, Any]:
-    """``repeats`` alternations of the two sides on ``setup``; the headline ``ratio`` on ``clock``."""
+    """``repeats`` sessions (:mod:`benchmarks.paired`) on ``setup``; the headline ``ratio`` on ``clock``."""
     runs: dict[str, list[dict[str, float]]] = {"plain": [], "template": []}
+    sessions: list[dict[str, float]] = []
     for repeat in range(repeats):
-        for side in ("plain", "template") if repeat % 2 == 0 else ("template", "plain"):
-            folder = work / f"{setup.label.replace(' ', '-')}-{repeat}-{side}"
-            if side == "plain":
-                result = plain_fit_run(setup, folder / "plain.json", threads)
-            else:
-                result = template("fit", setup, folder, threads)
-            stamps = result["clock"]
-            runs[side].append(
-                {
-                    **{f"{c}_images_per_second": setup.batch_size / steady_step_cycle(on(stamps, c)) for c in CLOCKS},
-                    "epoch_images_per_second": epoch_throughput(result["epochs"]),
-                    "epoch_wall_seconds": steady_epoch_wall(stamps),
-                }
-            )
-            speeds = ", ".join(f"{runs[side][-1][f'{c}_images_per_second']:.1f} ({c})" for c in CLOCKS)
-            print(f"  {setup.label} #{repeat} {side}: {speeds} images/s", flush=True)
-
-    def best_of(key: str) -> dict[str, float]:
-        return {side: best([r[key] for r in runs[side]]) for side in runs}
-
-    result = {"case": setup.label, "setup": setup.__dict__, "runs": runs}
+        folder = work / f"{setup.label.replace(' ', '-')}-{repeat}"
+        ran = session("fit", setup, folder, threads)
+        measured = {side: [speeds(result, setup.batch_size) for result in ran[side]] for side in ran}
+        for side in runs:
+            runs[side].extend(measured[side])
+        sessions.append({key: session_ratio(measured, key) for key in measured["plain"][0]})
+        said = ", ".join(f"{sessions[-1][f'{c}_images_per_second']:.3f} ({c})" for c in CLOCKS)
+        print(f"  {setup.label} session {repeat}: template/plain {said}", flush=True)
+    result: dict[str, Any] = {"case": setup.label, "setup": setup.__dict__, "runs": runs, "sessions": sessions}
     for c in CLOCKS:
-        speed = best_of(f"{c}_images_per_second")
+        key = f"{c}_images_per_second"
+        ratios = [ratio[key] for ratio in sessions]
         result.update(
             {
-                f"plain_{c}_images_per_second": speed["plain"],
-                f"template_{c}_images_per_second": speed["template"],
-                f"{c}_ratio": speed["template"] / speed["plain"],
-                f"{c}_pair_ratios": [
-                    t[f"{c}_images_per_second"] / p[f"{c}_images_per_second"]
-                    for p, t in zip(runs["plain"], runs["template"], strict=True)
-                ],
-                f"{c}_spread": max(spread([r[f"{c}_images_per_second"] for r in runs[side]]) for side in runs),
+                f"plain_{key}": statistics.median(r[key] for r in runs["plain"]),
+                f"template_{key}": statistics.median(r[key] for r in runs["template"]),
+                f"{c}_ratio": statistics.median(ratios),
+                f"{c}_session_ratios": ratios,
+                f"{c}_spread": max(ratios) - min(ratios),
             }
         )
-    epoch_speed = best_of("epoch_images_per_second")
-    walls = {side: min(r["epoch_wall_seconds"] for r in runs[side]) for side in runs}
+    walls = {side: statistics.median(r["epoch_wall_seconds"] for r in runs[side]) for side in runs}
     result.update(
         {
             "ratio": result[f"{clock}_ratio"],
             "spread": result[f"{clock}_spread"],
-            "epoch_ratio": epoch_speed["template"] / epoch_speed["plain"],
+            "epoch_ratio": statistics.median(ratio["epoch_images_per_second"] for ratio in sessions),
             "plain_epoch_wall_seconds": walls["plain"],
             "template_epoch_wall_seconds": walls["template"],
             "extra_seconds_per_epoch": walls["template"] - walls["plain"],
         }
     )
     return result
+
+
+def speeds(result: dict[str, Any], batch_size: int) -> dict[str, float]:
+    """One run's training speed in images/s -- from the median step cycle on each clock, and from whole
+    epochs as ``timing.json`` computes it -- and its steady epoch's wall seconds."""
+    stamps = result["clock"]
+    return {
+        **{f"{c}_images_per_second": batch_size / steady_step_cycle(on(stamps, c)) for c in CLOCKS},
+        "epoch_images_per_second": epoch_throughput(result["epochs"]),
+        "epoch_wall_seconds": steady_epoch_wall(stamps),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"overhead: {machine(args.threads)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="overhead-") as work:
         results = [measure(case, args.repeats, args.threads, Path(work), args.clock) for case in cases]
-    header = ["case", "batch", "clock", "plain img/s", "template img/s", "ratio", "pair ratios", "repeat spread"]
+    header = ["case", "batch", "clock", "plain img/s", "template img/s", "ratio", "session ratios"]
     rows = [
         [
             r["case"],
@@ -150,8 +146,7 @@ def main(argv: list[str] | None = None) -> None:
             number(r[f"plain_{c}_images_per_second"]),
             number(r[f"template_{c}_images_per_second"]),
             number(r[f"{c}_ratio"], 3),
-            " ".join(number(p, 3) for p in r[f"{c}_pair_ratios"]),
-            f"{100 * r[f'{c}_spread']:.0f} %",
+            " ".join(number(p, 3) for p in r[f"{c}_session_ratios"]),
         ]
         for r in results
         for c in CLOCKS

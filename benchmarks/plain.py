@@ -14,9 +14,10 @@ frees for reuse, as the template's ``host_memory_reuse`` callback makes a run do
 that off on both sides): that setting alone changes a step's time by up to 3x, so both sides allocate alike
 and the ratio shows what the template's machinery costs.
 
-Each runs in a fresh process of its own, started by :func:`benchmarks._common.plain_fit_run` or
-:func:`~benchmarks._common.plain_infer_run` as ``python -m benchmarks.plain fit|infer '<json list>'
-OUT`` in the repository root.
+They run in the process of a session (:mod:`benchmarks.paired`) beside the template, or -- the training
+loop, for benchmarks of one side -- in a fresh process of their own, started by
+:func:`benchmarks._common.plain_fit_run` as ``python -m benchmarks.plain '<json list>' OUT`` in the
+repository root.
 """
 
 from __future__ import annotations
@@ -238,19 +239,15 @@ def plain_infer(setup: Setup, batch_size: int, predict: bool) -> dict[str, Any]:
     return {"results": len(results), "clock": as_layout({"eval_batches": batches})}
 
 
-def main(task: str, specs: str, out: str) -> None:
-    """``python -m benchmarks.plain fit|infer '<json list>' OUT``: the plain-loop measurements of
-    :func:`benchmarks._common.plain_fit_run` / :func:`~benchmarks._common.plain_infer_run`, written to
-    OUT as a JSON list."""
+def main(specs: str, out: str) -> None:
+    """``python -m benchmarks.plain '<json list>' OUT``: the plain training runs of
+    :func:`benchmarks._common.plain_fit_run`, written to OUT as a JSON list."""
     results = []
     for spec in json.loads(specs):
         setup = Setup(**spec["setup"])
         if setup.host_memory_reuse and not torch.cuda.is_available():  # as the template's default callback does
             keep_freed_host_memory(DEFAULT_TRIM_THRESHOLD_MB)
-        if task == "fit":
-            results.append(plain_fit(setup, Path(out), test=spec.get("test", False)))
-        else:
-            results.append(plain_infer(setup, spec["batch_size"], spec["predict"]))
+        results.append(plain_fit(setup, Path(out), test=spec.get("test", False)))
     Path(out).write_text(json.dumps(results))
 
 

@@ -89,7 +89,7 @@ def test_the_children_are_started_in_the_repository_root_by_names_that_resolve(
     assert _common.template("fit", _common.Setup(), folder, threads=0) == {"clock": {}}
 
     (plain, plain_options), (template, template_options) = launched
-    assert plain[1:4] == ["-m", "benchmarks.plain", "fit"]
+    assert plain[1:3] == ["-m", "benchmarks.plain"]
     assert template[1:4] == ["-m", "project", "fit"]
     for options in (plain_options, template_options):
         assert options["cwd"] == REPO  # where -m finds this checkout's project and benchmarks
@@ -145,15 +145,20 @@ def test_step_stamps_record_every_step_of_fit_test_and_predict(tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_both_sides_run_in_fresh_processes_without_pythonpath(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_session_runs_both_sides_alternated_in_a_fresh_process_without_pythonpath(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from benchmarks import _common
 
     monkeypatch.delenv("PYTHONPATH", raising=False)
     setup = _common.Setup(image_size=32, batch_size=4, test_batches=3)
-    (plain,) = _common.plain_infer_run([(setup, 4, False)], tmp_path / "plain" / "plain.json", threads=1)
-    assert len(plain["clock"]["eval_batches"]) == 3
-    template = _common.template("test", setup, tmp_path / "template", threads=1)
-    assert len(template["clock"]["eval_batches"]) == 3 and template["test_samples_per_second"] > 0
+    ran = _common.session("test", setup, tmp_path, threads=1)
+    assert {side: len(runs) for side, runs in ran.items()} == {"plain": 2, "template": 2}
+    for runs in ran.values():
+        assert all(len(run["clock"]["eval_batches"]) == 3 for run in runs)
+    assert all(run["test_samples_per_second"] > 0 for run in ran["template"])  # its timing.json
+    # plain, template, template, plain: each run in a folder of its own, numbered in that order
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0-plain", "1-template", "2-template", "3-plain"]
 
 
 @pytest.mark.slow
@@ -227,3 +232,35 @@ def test_digits_are_upscaled_grey_in_three_channels_with_a_fixed_test_split(monk
     assert len(test) == len(test_labels) == TEST_IMAGES and len(train) == len(train_labels) == 1797 - TEST_IMAGES
     assert set(map(bytes, train)).isdisjoint(map(bytes, test))
     assert np.array_equal(data.load_split(False)[1], test_labels)  # the same split every time
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["overhead", "inference"])
+def test_a_comparison_reports_the_median_of_its_sessions_ratios(
+    name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from benchmarks import _common, inference, overhead
+
+    tiny = _common.Setup(image_size=32, batch_size=4, train_batches=3, epochs=2, test_batches=6)
+    monkeypatch.setattr(overhead, "CASES", [tiny])
+    monkeypatch.setattr(inference, "CASES", [("test tiny", "test", tiny, 4, "throughput")])
+    module = {"overhead": overhead, "inference": inference}[name]
+    sessions = []
+    real_session = _common.session
+
+    def recorded(*args: object, **kwargs: object) -> dict:
+        sessions.append(real_session(*args, **kwargs))
+        return sessions[-1]
+
+    monkeypatch.setattr(module, "session", recorded)
+    module.main(["--repeats", "2", "--out", str(tmp_path)])
+    (case,) = json.loads((tmp_path / f"{name}.json").read_text())["cases"]
+    assert len(sessions) == 2 and all(len(s["plain"]) == len(s["template"]) == 2 for s in sessions)
+    key = "cpu_images_per_second" if name == "overhead" else "cpu_speed"
+    runs = case["runs"]  # every session's runs, in order: two of each side per session
+    for number, ratio in enumerate(case["cpu_session_ratios"]):
+        template, plain = (runs[side][2 * number : 2 * number + 2] for side in ("template", "plain"))
+        assert ratio == pytest.approx((template[0][key] + template[1][key]) / (plain[0][key] + plain[1][key]))
+    assert case["cpu_ratio"] == pytest.approx(sum(case["cpu_session_ratios"]) / 2)  # the median of two
+    assert case["ratio"] == case["cpu_ratio"]  # the CPU clock decides on a CPU-only machine
+    assert "median of 2 sessions" in (tmp_path / f"{name}.md").read_text()
