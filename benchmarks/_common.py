@@ -260,10 +260,10 @@ def epoch_throughput(epochs: list[dict[str, Any]]) -> float:
     return sum(e["samples"] for e in steady) / sum(e["seconds"] for e in steady)
 
 
-def session_ratio(runs: dict[str, list[dict[str, float]]], key: str) -> float:
-    """A session's template/plain ratio of ``key`` (a speed): the template's mean over its runs, over the plain
-    loop's mean (runs alternated plain, template, template, plain: a steady drift cancels)."""
-    return statistics.fmean(r[key] for r in runs["template"]) / statistics.fmean(r[key] for r in runs["plain"])
+def session_ratio(runs: dict[str, list[dict[str, float]]], key: str, side: str = "template") -> float:
+    """A session's ratio of ``key`` (a speed) of ``side`` to the plain loop: the side's mean over its runs, over
+    the plain loop's mean (each side runs once before and once after the others: a steady drift cancels)."""
+    return statistics.fmean(r[key] for r in runs[side]) / statistics.fmean(r[key] for r in runs["plain"])
 
 
 def machine(threads: int) -> str:
@@ -293,7 +293,7 @@ def publish_comparison(
     )
     seconds = time.perf_counter() - started
     where = machine(args.threads)
-    notes = f"{where}; {args.repeats} sessions per case, each plain, template, template, plain in one process; {seconds:.0f} s"
+    notes = f"{where}; {args.repeats} sessions per case, each one process running every side twice, there and back; {seconds:.0f} s"
     report = {"machine": where, "seconds": seconds}
     report.update(clock=args.clock, threads=args.threads, repeats=args.repeats, cases=cases)
     publish(args, name, report, header, rows, notes, headline, extra)

@@ -153,12 +153,20 @@ def test_a_session_runs_both_sides_alternated_in_a_fresh_process_without_pythonp
     monkeypatch.delenv("PYTHONPATH", raising=False)
     setup = _common.Setup(image_size=32, batch_size=4, test_batches=3)
     ran = _common.session("test", setup, tmp_path, threads=1)
-    assert {side: len(runs) for side, runs in ran.items()} == {"plain": 2, "template": 2}
+    assert {side: len(runs) for side, runs in ran.items()} == {"plain": 2, "lightning": 2, "template": 2}
     for runs in ran.values():
         assert all(len(run["clock"]["eval_batches"]) == 3 for run in runs)
     assert all(run["test_samples_per_second"] > 0 for run in ran["template"])  # its timing.json
-    # plain, template, template, plain: each run in a folder of its own, numbered in that order
-    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0-plain", "1-template", "2-template", "3-plain"]
+    # each run in a folder of its own, numbered in the order they ran: there and back again
+    folders = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert folders == ["0-plain", "1-lightning", "2-template", "3-template", "4-lightning", "5-plain"]
+
+
+def test_a_training_session_runs_plain_and_template_there_and_back() -> None:
+    from benchmarks.paired import order
+
+    assert order("fit") == ("plain", "template", "template", "plain")  # no lightning side for training
+    assert order("predict") == ("plain", "lightning", "template", "template", "lightning", "plain")
 
 
 @pytest.mark.slow
