@@ -289,11 +289,13 @@ def publish_comparison(
     ratios = worst[f"{args.clock}_session_ratios"]
     headline = (
         f"{name}: min template/plain {what} ratio {worst['ratio']:.3f} on the {args.clock} clock ({worst['case']}; "
-        f"median of {len(ratios)} sessions, which gave {min(ratios):.3f} to {max(ratios):.3f}); goal >= {goal}: {status}"
+        f"median of {len(ratios)} sessions, which gave {min(ratios):.3f} to {max(ratios):.3f}); "
+        f"goal >= {goal}: {status}"
     )
     seconds = time.perf_counter() - started
     where = machine(args.threads)
-    notes = f"{where}; {args.repeats} sessions per case, each one process running every side twice, there and back; {seconds:.0f} s"
+    sessions = f"{args.repeats} sessions per case, each one process running every side twice, there and back"
+    notes = f"{where}; {sessions}; {seconds:.0f} s"
     report = {"machine": where, "seconds": seconds}
     report.update(clock=args.clock, threads=args.threads, repeats=args.repeats, cases=cases)
     publish(args, name, report, header, rows, notes, headline, extra)
@@ -332,7 +334,10 @@ def common_arguments(module: str, description: str, default_repeats: int) -> arg
     parser.set_defaults(module=module)
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
     parser.add_argument(
-        "--repeats", type=int, default=default_repeats, help="how often each case is measured (sessions, runs or seeds: see the benchmark's notes)"
+        "--repeats",
+        type=int,
+        default=default_repeats,
+        help="how often each case is measured (sessions, runs or seeds: see the benchmark's notes)",
     )
     # One thread by default on a CPU: where other work shares the cores, a step split across several
     # OpenMP threads waits for the one that was descheduled (steps took 5-10x longer here, and varied

@@ -1,16 +1,24 @@
-"""The third side of the inference comparison: Lightning's evaluation loop and nothing of the template's.
+"""The third side of the comparisons: Lightning's loops and nothing of the template's.
 
-A LightningModule whose steps are the plain loop's (:func:`benchmarks.plain.plain_infer`: the forward
-pass, then the loss summed and the hits counted on the device, or the predicted classes kept), run by a
-``Trainer`` with no logger, callbacks, progress bar or model summary. Its batches are made as the
-template's on-device path makes them: slices of the in-memory test images
-(:class:`~project.toolkit.data.samplers.SliceBatches`, which Lightning iterates as a loader), resized and
-normalised after the transfer. It is stamped by the template's own observer,
-:class:`~project.toolkit.measure.stamps.StepStamps`.
+LightningModules whose steps are the plain loop's, run by a ``Trainer`` with no logger, callbacks,
+progress bar or model summary, and stamped by the template's own observer,
+:class:`~project.toolkit.measure.stamps.StepStamps`:
 
-So what separates it from the plain loop is Lightning's loop alone -- hook dispatch, progress tracking,
-the step's context managers, the batch transfer -- which no option of the template removes; what separates
-the template from it is the template's own work per batch: its callbacks, metrics, logging, data module.
+- :func:`lightning_fit`: :func:`benchmarks.plain.plain_fit`'s training step -- each batch indexed out of
+  the in-memory images and augmented after the transfer, with the same kind of draws, then forward,
+  cross-entropy, the loss and hits summed on the device -- and its optimizer and schedule, under
+  Lightning's automatic optimisation. No validation and no checkpoint: those fall between epochs, which
+  no step cycle spans;
+- :func:`lightning_infer`: :func:`benchmarks.plain.plain_infer`'s evaluation step (the forward pass, then
+  the loss summed and the hits counted, or the predicted classes kept), its batches made as the
+  template's on-device path makes them: slices of the test images
+  (:class:`~project.toolkit.data.samplers.SliceBatches`, which Lightning iterates as a loader), resized
+  and normalised after the transfer.
+
+So what separates this side from the plain loop is Lightning's loop alone -- hook dispatch, progress
+tracking, the optimizer closure, the step's context managers, the batch transfer -- which no option of the
+template removes; what separates the template from it is the template's own work per step: its callbacks,
+metrics, logging, data module.
 """
 
 from __future__ import annotations
@@ -25,12 +33,93 @@ from torch.nn import functional as F
 
 from benchmarks._common import Setup
 from benchmarks.plain import InMemory, as_input, build_net, splits
-from project.toolkit.data.augmentation import rows_of, to_model_input
+from project.toolkit.data.augmentation import PADDING, augment, rows_of, to_model_input
 from project.toolkit.data.samplers import SliceBatches
 from project.toolkit.measure.stamps import StepStamps
+from project.toolkit.training import WarmupCosine
 
 
-class PlainSteps(LightningModule):
+def device_of_plain_loop() -> torch.device:
+    """The device the plain loops run on: the GPU where there is one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def bare_trainer(setup: Setup, folder: Path, **options: Any) -> Trainer:
+    """A Trainer with nothing but Lightning's loop: no logger, callbacks but the stamps (to
+    ``folder/clock.json``), progress bar or model summary; on the plain loop's device."""
+    return Trainer(
+        accelerator="gpu" if device_of_plain_loop().type == "cuda" else "cpu",
+        devices=1,
+        precision=setup.precision,
+        logger=False,
+        callbacks=[StepStamps(str(folder / "clock.json"))],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=folder,
+        **options,
+    )
+
+
+class PlainTraining(LightningModule):
+    """The plain loop's training on ``split``: a batch is the number of a step in the epoch's order."""
+
+    def __init__(self, setup: Setup, split: InMemory, steps: int, device: torch.device) -> None:
+        super().__init__()
+        self.setup_, self.split, self.steps = setup, split, steps
+        self.net = build_net(setup, device)
+        self.draws = torch.Generator(device).manual_seed(setup.seed)  # order, crops and flips, as the plain loop's
+        self.order = self.crops = torch.zeros(0, dtype=torch.long)
+        self.loss_sum = torch.zeros((), device=device)
+        self.correct = torch.zeros((), dtype=torch.long, device=device)
+
+    def on_train_epoch_start(self) -> None:
+        count, device = len(self.split), self.split.images.device
+        self.order = torch.randperm(count, generator=self.draws, device=device)
+        high = torch.tensor([2 * PADDING + 1, 2 * PADDING + 1, 2], device=device)
+        self.crops = (torch.rand(count, 3, generator=self.draws, device=device) * high).long()
+
+    def on_after_batch_transfer(self, step: int, dataloader_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        size, split = self.setup_.batch_size, self.split
+        index = self.order[step * size : (step + 1) * size]
+        images = augment(rows_of(split.images, index), self.crops[index], self.setup_.image_size, split.mean, split.std)
+        return as_input(images, self.setup_), split.labels[index]
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        logits = self.net(images)
+        loss = F.cross_entropy(logits, labels)
+        self.loss_sum += loss.detach() * len(labels)
+        self.correct += (logits.argmax(1) == labels).sum()
+        return loss
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        setup = self.setup_
+        optimizer = torch.optim.SGD(self.parameters(), lr=setup.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(self.steps, self.steps * setup.epochs))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def lightning_fit(setup: Setup, folder: Path) -> dict[str, Any]:
+    """Train :class:`PlainTraining` on ``setup`` for its epochs, on the plain loop's device; returns, as
+    :func:`benchmarks.plain.plain_fit` does, the stamps under ``"clock"`` and the epochs' seconds and images."""
+    device = device_of_plain_loop()
+    seed_everything(setup.seed, verbose=False)
+    train = splits(setup, device, "fit")["train"]
+    steps = len(train) // setup.batch_size
+    if setup.train_batches is not None:
+        steps = min(steps, setup.train_batches)
+    module = PlainTraining(setup, train, steps, device)
+    trainer = bare_trainer(setup, folder, max_epochs=setup.epochs, num_sanity_val_steps=0)
+    trainer.fit(module, list(range(steps)))  # Lightning iterates any sized iterable as a loader
+    clock = json.loads((folder / "clock.json").read_text())
+    # as the plain loop reports them: an epoch from its start to its last step
+    spans = zip(clock["epoch_starts"], clock["train_batch_ends"], strict=True)
+    epochs = [{"seconds": ends[-1] - start, "samples": len(ends) * setup.batch_size} for start, ends in spans]
+    return {"epochs": epochs, "clock": clock}
+
+
+class PlainEvaluation(LightningModule):
     """The plain loop's evaluation steps on ``split``, whose batches arrive as slices of its images."""
 
     def __init__(self, setup: Setup, split: InMemory, device: torch.device) -> None:
@@ -56,31 +145,18 @@ class PlainSteps(LightningModule):
 
 
 def lightning_infer(setup: Setup, batch_size: int, predict: bool, folder: Path) -> dict[str, Any]:
-    """``test`` (or ``predict``) of :class:`PlainSteps` on ``setup``'s test images in batches of
+    """``test`` (or ``predict``) of :class:`PlainEvaluation` on ``setup``'s test images in batches of
     ``batch_size``, on the device the plain loop takes; returns the stamps, in the layout of the plain
     loop's, under ``"clock"``."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = device_of_plain_loop()
     seed_everything(setup.seed, verbose=False)
     split = splits(setup, device, "test", batch_size)["test"]
     batches = SliceBatches(len(split), batch_size, num_replicas=1, rank=0)
-    stamps = folder / "clock.json"
     limit = setup.test_batches if setup.test_batches is not None else 1.0
-    trainer = Trainer(
-        accelerator="gpu" if device.type == "cuda" else "cpu",
-        devices=1,
-        precision=setup.precision,
-        logger=False,
-        callbacks=[StepStamps(str(stamps))],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_test_batches=limit,
-        limit_predict_batches=limit,
-        default_root_dir=folder,
-    )
-    module = PlainSteps(setup, split, device)
+    trainer = bare_trainer(setup, folder, limit_test_batches=limit, limit_predict_batches=limit)
+    module = PlainEvaluation(setup, split, device)
     if predict:
         trainer.predict(module, batches)
     else:
         trainer.test(module, batches, verbose=False)
-    return {"clock": json.loads(stamps.read_text())}
+    return {"clock": json.loads((folder / "clock.json").read_text())}

@@ -11,11 +11,14 @@ SGD and warm-up + cosine schedule, for the same number of steps:
   in-memory batches), its callbacks (timing, TensorBoard logger, checkpoint at epoch end, progress bar,
   fault guards, reseeding, host memory reuse) -- and one validation batch per epoch. The plain loop
   reuses host memory as the template does (``benchmarks.plain``); ``--options`` adds a case with neither
-  doing so.
+  doing so;
+- lightning (:mod:`benchmarks.lightning_loop`): the plain loop's training step in Lightning's loop, with
+  nothing of the template's. Its ratio to the plain loop is the part of the template's cost that is
+  Lightning's own, which no option of the template removes.
 
-Each of ``--repeats`` sessions is a fresh process that runs plain, template, template, plain
-(:mod:`benchmarks.paired`, which says why both sides share a process). Everything is over the epochs after
-the first (warm-up):
+Each of ``--repeats`` sessions is a fresh process that runs plain, lightning, template, template,
+lightning, plain (:mod:`benchmarks.paired`, which says why the sides share a process). Everything is over
+the epochs after the first (warm-up):
 
 - throughput (images/s): the batch size over the median step cycle -- end of one training batch to
   the end of the next, so it includes all the per-step work of each side (loading, forward, backward,
@@ -58,6 +61,7 @@ from benchmarks._common import (
 from project.toolkit.measure.tables import number
 
 GOAL = 0.98
+SIDES = ("plain", "lightning", "template")
 # Small images on a CPU, where the template's per-step host work weighs the most: each case's epoch is a
 # few seconds of compute, long enough for a few step cycles, short enough that the benchmarks take minutes.
 CASES = [
@@ -74,32 +78,33 @@ OPTION_CASES = [
 
 
 def measure(setup: Setup, repeats: int, threads: int, work: Path, clock: str) -> dict[str, Any]:
-    """``repeats`` sessions (:mod:`benchmarks.paired`) on ``setup``; the headline ``ratio`` on ``clock``."""
-    runs: dict[str, list[dict[str, float]]] = {"plain": [], "template": []}
+    """``repeats`` sessions (:mod:`benchmarks.paired`) on ``setup``; the headline ``ratio`` on ``clock``
+    (template over plain), and ``lightning_<clock>_ratio``: Lightning's loop alone over plain."""
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     sessions: list[dict[str, float]] = []
     for repeat in range(repeats):
         folder = work / f"{setup.label.replace(' ', '-')}-{repeat}"
         ran = session("fit", setup, folder, threads)
-        measured = {side: [speeds(result, setup.batch_size) for result in ran[side]] for side in ran}
-        for side in runs:
+        measured = {side: [speeds(result, setup.batch_size) for result in ran[side]] for side in SIDES}
+        for side in SIDES:
             runs[side].extend(measured[side])
-        sessions.append({key: session_ratio(measured, key) for key in measured["plain"][0]})
-        said = ", ".join(f"{sessions[-1][f'{c}_images_per_second']:.3f} ({c})" for c in CLOCKS)
-        print(f"  {setup.label} session {repeat}: template/plain {said}", flush=True)
+        ratios = {key: session_ratio(measured, key) for key in measured["plain"][0]}
+        ratios.update(
+            {f"lightning_{c}": session_ratio(measured, f"{c}_images_per_second", "lightning") for c in CLOCKS}
+        )
+        sessions.append(ratios)
+        said = ", ".join(f"{ratios[f'{c}_images_per_second']:.3f} ({c})" for c in CLOCKS)
+        floor = f"lightning/plain {ratios['lightning_cpu']:.3f} (cpu)"
+        print(f"  {setup.label} session {repeat}: template/plain {said}; {floor}", flush=True)
     result: dict[str, Any] = {"case": setup.label, "setup": setup.__dict__, "runs": runs, "sessions": sessions}
     for c in CLOCKS:
         key = f"{c}_images_per_second"
         ratios = [ratio[key] for ratio in sessions]
-        result.update(
-            {
-                f"plain_{key}": statistics.median(r[key] for r in runs["plain"]),
-                f"template_{key}": statistics.median(r[key] for r in runs["template"]),
-                f"{c}_ratio": statistics.median(ratios),
-                f"{c}_session_ratios": ratios,
-                f"{c}_spread": max(ratios) - min(ratios),
-            }
-        )
-    walls = {side: statistics.median(r["epoch_wall_seconds"] for r in runs[side]) for side in runs}
+        result.update({f"{side}_{key}": statistics.median(r[key] for r in runs[side]) for side in SIDES})
+        result.update({f"{c}_ratio": statistics.median(ratios), f"{c}_session_ratios": ratios})
+        result[f"{c}_spread"] = max(ratios) - min(ratios)
+        result[f"lightning_{c}_ratio"] = statistics.median(ratio[f"lightning_{c}"] for ratio in sessions)
+    walls = {side: statistics.median(r["epoch_wall_seconds"] for r in runs[side]) for side in ("plain", "template")}
     result.update(
         {
             "ratio": result[f"{clock}_ratio"],
@@ -137,16 +142,24 @@ def main(argv: list[str] | None = None) -> None:
     print(f"overhead: {machine(args.threads)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="overhead-") as work:
         results = [measure(case, args.repeats, args.threads, Path(work), args.clock) for case in cases]
-    header = ["case", "batch", "clock", "plain img/s", "template img/s", "ratio", "session ratios"]
+    header = [
+        "case",
+        "batch",
+        "clock",
+        *(f"{side} img/s" for side in SIDES),
+        "ratio",
+        "session ratios",
+        "lightning ratio",
+    ]
     rows = [
         [
             r["case"],
             str(r["setup"]["batch_size"]),
             c,
-            number(r[f"plain_{c}_images_per_second"]),
-            number(r[f"template_{c}_images_per_second"]),
+            *(number(r[f"{side}_{c}_images_per_second"]) for side in SIDES),
             number(r[f"{c}_ratio"], 3),
             " ".join(number(p, 3) for p in r[f"{c}_session_ratios"]),
+            number(r[f"lightning_{c}_ratio"], 3),
         ]
         for r in results
         for c in CLOCKS

@@ -1,21 +1,24 @@
-"""One session of a template/plain comparison: both sides in one process, alternated.
+"""One session of a template/plain comparison: the three sides in one process, alternated.
 
 ``python -m benchmarks.paired '<json spec>' FOLDER`` (started by :func:`benchmarks._common.session`) runs
 the spec's stage (``fit``, ``test`` or ``predict``) on its setup in this process, each side twice, in the
-order plain, template, template, plain -- for ``test`` and ``predict`` plain, lightning, template,
-template, lightning, plain -- and writes each side's results, in the order they ran, to
-``FOLDER/session.json``. The template runs through its real entry point (``project.__main__.main``, as
-``python -m project`` calls it), with its defaults and the
-:class:`~project.toolkit.measure.stamps.StepStamps` callback; the plain loops are those of
-:mod:`benchmarks.plain`; the lightning side (:mod:`benchmarks.lightning_loop`) is Lightning's evaluation loop
-around the plain loop's steps, which shows what of the template's cost is Lightning's own.
+order of :data:`ORDER`, and writes each side's results, in the order they ran, to
+``FOLDER/session.json``. The sides:
 
-Why both sides in one process: on this 2-core CPU two fresh processes running the same loop differ in speed
-by up to 5 % (where each one's memory happens to lie, which core it gets), while in one process the repeats
-of a side agree within 1-2 %. With each side in a process of its own, that luck decides a 2 % comparison;
-within one process it hits both sides alike, and an order that runs back the way it came cancels a
-drift over the session. A session's first run (the plain loop's) pays the process's one-off costs -- the
-imports, the first network's allocations -- in its first epoch or first batches, which no figure counts.
+- ``plain``: the plain PyTorch loops of :mod:`benchmarks.plain`;
+- ``lightning``: Lightning's loop around the plain loop's steps (:mod:`benchmarks.lightning_loop`), which
+  shows what of the template's cost is Lightning's own;
+- ``template``: the template through its real entry point (``project.__main__.main``, as ``python -m
+  project`` calls it), with its defaults and the :class:`~project.toolkit.measure.stamps.StepStamps`
+  callback.
+
+Why the sides share a process: on this 2-core CPU two fresh processes running the same loop differ in
+speed by up to 5 % (where each one's memory happens to lie, which core it gets), while in one process the
+repeats of a side agree within 1-2 %. With each side in a process of its own, that luck decides a 2 %
+comparison; within one process it hits every side alike, and an order that runs back the way it came
+cancels a drift over the session. A session's first run (the plain loop's) pays the process's one-off
+costs -- the imports, the first network's allocations -- in its first epoch or first batches, which no
+figure counts.
 """
 
 from __future__ import annotations
@@ -28,26 +31,19 @@ from typing import Any
 import torch
 
 from benchmarks._common import Setup, template_arguments, template_results
-from benchmarks.lightning_loop import lightning_infer
+from benchmarks.lightning_loop import lightning_fit, lightning_infer
 from benchmarks.plain import plain_fit, plain_infer
 from project.toolkit.host_memory import DEFAULT_TRIM_THRESHOLD_MB, keep_freed_host_memory
 
-
-
-def order(stage: str) -> tuple[str, ...]:
-    """The session's runs for ``stage``: each side twice, the second half the first reversed.
-
-    >>> order("fit"), order("test")
-    (('plain', 'template', 'template', 'plain'), ('plain', 'lightning', 'template', 'template', 'lightning', 'plain'))
-    """
-    sides = ("plain", "template") if stage == "fit" else ("plain", "lightning", "template")
-    return (*sides, *reversed(sides))
+ORDER = ("plain", "lightning", "template", "template", "lightning", "plain")  # there and back
 
 
 def run_side(side: str, stage: str, setup: Setup, folder: Path, batch_size: int | None) -> dict[str, Any]:
     """One run of ``side`` in this process, writing under ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     if side == "lightning":
+        if stage == "fit":
+            return lightning_fit(setup, folder)
         return lightning_infer(setup, batch_size or setup.batch_size, stage == "predict", folder)
     if side == "plain":
         if stage == "fit":
@@ -63,12 +59,11 @@ def main(spec: str, folder: str) -> None:
     """Run the session ``spec`` (``{"stage", "setup", "batch_size"}``) and write ``folder/session.json``."""
     options = json.loads(spec)
     setup = Setup(**options["setup"])
-    # Process-wide, as the template's host_memory_reuse callback sets it: both sides allocate alike.
+    # Process-wide, as the template's host_memory_reuse callback sets it: every side allocates alike.
     if setup.host_memory_reuse and not torch.cuda.is_available():
         keep_freed_host_memory(DEFAULT_TRIM_THRESHOLD_MB)
-    sides = order(options["stage"])
-    results: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
-    for number, side in enumerate(sides):
+    results: dict[str, list[dict[str, Any]]] = {side: [] for side in ORDER}
+    for number, side in enumerate(ORDER):
         run = run_side(side, options["stage"], setup, Path(folder) / f"{number}-{side}", options["batch_size"])
         results[side].append(run)
     Path(folder, "session.json").write_text(json.dumps(results))

@@ -162,13 +162,6 @@ def test_a_session_runs_both_sides_alternated_in_a_fresh_process_without_pythonp
     assert folders == ["0-plain", "1-lightning", "2-template", "3-template", "4-lightning", "5-plain"]
 
 
-def test_a_training_session_runs_plain_and_template_there_and_back() -> None:
-    from benchmarks.paired import order
-
-    assert order("fit") == ("plain", "template", "template", "plain")  # no lightning side for training
-    assert order("predict") == ("plain", "lightning", "template", "template", "lightning", "plain")
-
-
 @pytest.mark.slow
 def test_the_host_memory_benchmark_reads_both_settings_from_timing_json(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -267,8 +260,13 @@ def test_a_comparison_reports_the_median_of_its_sessions_ratios(
     key = "cpu_images_per_second" if name == "overhead" else "cpu_speed"
     runs = case["runs"]  # every session's runs, in order: two of each side per session
     for number, ratio in enumerate(case["cpu_session_ratios"]):
-        template, plain = (runs[side][2 * number : 2 * number + 2] for side in ("template", "plain"))
+        template, lightning, plain = (
+            runs[side][2 * number : 2 * number + 2] for side in ("template", "lightning", "plain")
+        )
         assert ratio == pytest.approx((template[0][key] + template[1][key]) / (plain[0][key] + plain[1][key]))
+        floor = case["sessions"][number]["lightning_cpu"]  # Lightning's loop alone, over the plain loop
+        assert floor == pytest.approx((lightning[0][key] + lightning[1][key]) / (plain[0][key] + plain[1][key]))
     assert case["cpu_ratio"] == pytest.approx(sum(case["cpu_session_ratios"]) / 2)  # the median of two
+    assert case["lightning_cpu_ratio"] == pytest.approx(sum(s["lightning_cpu"] for s in case["sessions"]) / 2)
     assert case["ratio"] == case["cpu_ratio"]  # the CPU clock decides on a CPU-only machine
     assert "median of 2 sessions" in (tmp_path / f"{name}.md").read_text()
