@@ -2,15 +2,16 @@
 PyTorch loops it is compared with, and reading their clocks.
 
 The template runs through its real entry point, the plain loops are those of :mod:`benchmarks.plain`.
-The template/plain comparisons (``overhead``, ``inference``) run both sides in one fresh process per
-session, alternated (:func:`session`, :mod:`benchmarks.paired`, which says why); the benchmarks of one
-side's settings (``host_memory``, ``parity``) run each side in a fresh process of its own
-(:func:`template`, :func:`plain_fit_run`). Every process starts in the repository root, where ``-m``
-imports this checkout's ``project`` and ``benchmarks`` without any PYTHONPATH. Both sides hold the
-images in memory and make each batch at once in the training process, as the template does by default on
-a CPU; the input paths are measured on their own (``python -m benchmarks.input``).
+The template/plain comparisons (``overhead``, ``inference``) run their sides -- with a third, Lightning's
+loop alone -- in one fresh process per session, alternated (:func:`session`, :mod:`benchmarks.paired`,
+which says why); the benchmarks of one side's settings (``host_memory``, ``parity``) run each side in a
+fresh process of its own (:func:`template`, :func:`plain_fit_run`). Every process starts in the
+repository root, where ``-m`` imports this checkout's ``project`` and ``benchmarks`` without any
+PYTHONPATH. All sides hold the images in memory and make each batch at once in the training process, as
+the template does by default on a CPU; the input paths are measured on their own (``python -m
+benchmarks.input``).
 
-Both sides are timed at the same instants: the template by one extra callback,
+All sides are timed at the same instants: the template and Lightning's loop by one extra callback,
 :class:`project.toolkit.measure.stamps.StepStamps` (a ``perf_counter()`` per batch, microseconds), the
 plain loops by the same calls in their code, after waiting for the device where it runs
 asynchronously. The figures are medians of per-step times:
@@ -191,10 +192,10 @@ def template_results(folder: Path) -> dict[str, Any]:
 def session(
     stage: str, setup: Setup, folder: Path, threads: int, batch_size: int | None = None
 ) -> dict[str, list[dict[str, Any]]]:
-    """One session of :mod:`benchmarks.paired` in a fresh process: both sides run ``stage`` (``fit``, ``test``
-    or ``predict``) on ``setup`` in that one process, alternated (plain, template, template, plain).
-    Returns each side's results in the order they ran: the plain loop's, and the template's ``timing.json``
-    with its stamps under ``"clock"``."""
+    """One session of :mod:`benchmarks.paired` in a fresh process: every side (plain, lightning, template)
+    runs ``stage`` (``fit``, ``test`` or ``predict``) on ``setup`` twice in that one process, in the order of
+    :data:`benchmarks.paired.ORDER`. Returns each side's results in the order they ran, their stamps under
+    ``"clock"`` (the template's: its ``timing.json``, with the stamps added)."""
     folder.mkdir(parents=True, exist_ok=True)
     spec = {"stage": stage, "setup": asdict(setup), "batch_size": batch_size}
     run([sys.executable, "-m", "benchmarks.paired", json.dumps(spec), str(folder)], threads)
