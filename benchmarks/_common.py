@@ -150,11 +150,12 @@ def environment(threads: int) -> dict[str, str]:
     return env
 
 
-def run(command: list[str], threads: int) -> None:
-    """Run ``command`` (a ``python -m ...``) in the repository root, where ``-m`` finds this checkout's
-    ``project`` and ``benchmarks``; on failure raise with the end of its output."""
+def run(command: list[str], threads: int, runs: int = 1) -> None:
+    """Run ``command`` (a ``python -m ...`` of ``runs`` runs) in the repository root, where ``-m`` finds this
+    checkout's ``project`` and ``benchmarks``; on failure raise with the end of its output."""
+    timeout = SUBPROCESS_TIMEOUT_S * runs
     result = subprocess.run(
-        command, cwd=REPO, env=environment(threads), capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S
+        command, cwd=REPO, env=environment(threads), capture_output=True, text=True, timeout=timeout
     )
     if result.returncode != 0:
         tail = (result.stdout + result.stderr)[-3000:]
@@ -196,9 +197,11 @@ def session(
     runs ``stage`` (``fit``, ``test`` or ``predict``) on ``setup`` twice in that one process, in the order of
     :data:`benchmarks.paired.ORDER`. Returns each side's results in the order they ran, their stamps under
     ``"clock"`` (the template's: its ``timing.json``, with the stamps added)."""
+    from benchmarks.paired import ORDER
+
     folder.mkdir(parents=True, exist_ok=True)
     spec = {"stage": stage, "setup": asdict(setup), "batch_size": batch_size}
-    run([sys.executable, "-m", "benchmarks.paired", json.dumps(spec), str(folder)], threads)
+    run([sys.executable, "-m", "benchmarks.paired", json.dumps(spec), str(folder)], threads, runs=len(ORDER))
     return json.loads((folder / "session.json").read_text())
 
 
@@ -263,7 +266,8 @@ def epoch_throughput(epochs: list[dict[str, Any]]) -> float:
 
 def session_ratio(runs: dict[str, list[dict[str, float]]], key: str, side: str = "template") -> float:
     """A session's ratio of ``key`` (a speed) of ``side`` to the plain loop: the side's mean over its runs, over
-    the plain loop's mean (each side runs once before and once after the others: a steady drift cancels)."""
+    the plain loop's mean (each side's two runs lie symmetrically about the session's middle: a steady drift
+    cancels)."""
     return statistics.fmean(r[key] for r in runs[side]) / statistics.fmean(r[key] for r in runs["plain"])
 
 
@@ -342,12 +346,12 @@ def common_arguments(module: str, description: str, default_repeats: int) -> arg
     )
     # One thread by default on a CPU: where other work shares the cores, a step split across several
     # OpenMP threads waits for the one that was descheduled (steps took 5-10x longer here, and varied
-    # as much), and that noise would swamp a 2 % difference. Both sides always get the same.
+    # as much), and that noise would swamp a 2 % difference. Every side always gets the same.
     parser.add_argument(
         "--threads",
         type=int,
         default=0 if torch.cuda.is_available() else 1,
-        help="intra-op threads (OMP_NUM_THREADS) of both sides; 0: torch's default, one per core "
+        help="intra-op threads (OMP_NUM_THREADS) of every side; 0: torch's default, one per core "
         "(default: 1 on a CPU-only machine, else 0)",
     )
     # The CPU clock on a CPU: with one intra-op thread and no worker processes, the CPU seconds a step

@@ -12,13 +12,16 @@ order of :data:`ORDER`, and writes each side's results, in the order they ran, t
   project`` calls it), with its defaults and the :class:`~project.toolkit.measure.stamps.StepStamps`
   callback.
 
-Why the sides share a process: on this 2-core CPU two fresh processes running the same loop differ in
-speed by up to 5 % (where each one's memory happens to lie, which core it gets), while in one process the
-repeats of a side agree within 1-2 %. With each side in a process of its own, that luck decides a 2 %
-comparison; within one process it hits every side alike, and an order that runs back the way it came
-cancels a drift over the session. A session's first run (the plain loop's) pays the process's one-off
-costs -- the imports, the first network's allocations -- in its first epoch or first batches, which no
-figure counts.
+Why the sides share a process: on this 2-core CPU the speed of a fresh process running a loop is partly
+luck (where its memory happens to lie, which core it gets); with each side in processes of its own, the
+last round's repeats of one side differed by 4-14 %, more than the 2 % to be resolved. Within one process
+the sides' runs move together: a side's repeats still differ by 1-4 % as the machine drifts, but an
+order that runs back the way it came cancels a steady drift, and the sessions' ratios spread by a point
+or two. Process-wide settings are made once, before the first run, as the template makes them, so every
+side runs under the same (freed host memory reused on a CPU, cuDNN autotuning on a GPU); with
+``--model.compile=true`` dynamo's caches are emptied before each run, so every side compiles afresh. A
+session's first run (the plain loop's) pays the process's one-off costs -- the imports, the first
+network's allocations -- in its first epoch or first batches, which no figure counts.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ ORDER = ("plain", "lightning", "template", "template", "lightning", "plain")  # 
 def run_side(side: str, stage: str, setup: Setup, folder: Path, batch_size: int | None) -> dict[str, Any]:
     """One run of ``side`` in this process, writing under ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
+    if setup.compile:  # else the later runs may hit dynamo's recompile limit and fall back to eager
+        torch._dynamo.reset()
     if side == "lightning":
         if stage == "fit":
             return lightning_fit(setup, folder)
@@ -59,9 +64,11 @@ def main(spec: str, folder: str) -> None:
     """Run the session ``spec`` (``{"stage", "setup", "batch_size"}``) and write ``folder/session.json``."""
     options = json.loads(spec)
     setup = Setup(**options["setup"])
-    # Process-wide, as the template's host_memory_reuse callback sets it: every side allocates alike.
+    # Process-wide, as the template sets them (its host_memory_reuse callback; cuDNN autotuning, which its
+    # Trainer would otherwise switch on halfway through the session): every side runs under the same.
     if setup.host_memory_reuse and not torch.cuda.is_available():
         keep_freed_host_memory(DEFAULT_TRIM_THRESHOLD_MB)
+    torch.backends.cudnn.benchmark = True
     results: dict[str, list[dict[str, Any]]] = {side: [] for side in ORDER}
     for number, side in enumerate(ORDER):
         run = run_side(side, options["stage"], setup, Path(folder) / f"{number}-{side}", options["batch_size"])

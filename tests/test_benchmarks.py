@@ -38,7 +38,17 @@ def without_pythonpath() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
-@pytest.mark.parametrize("name", ["benchmarks._common", "benchmarks.plain", "benchmarks.digits", *SCRIPTS])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "benchmarks._common",
+        "benchmarks.plain",
+        "benchmarks.digits",
+        "benchmarks.paired",
+        "benchmarks.lightning_loop",
+        *SCRIPTS,
+    ],
+)
 def test_every_benchmark_module_imports(name: str) -> None:
     module = importlib.import_module(name)
     assert Path(module.__file__).parent == REPO / "benchmarks"
@@ -145,7 +155,7 @@ def test_step_stamps_record_every_step_of_fit_test_and_predict(tmp_path: Path) -
 
 
 @pytest.mark.slow
-def test_a_session_runs_both_sides_alternated_in_a_fresh_process_without_pythonpath(
+def test_a_session_runs_every_side_alternated_in_a_fresh_process_without_pythonpath(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from benchmarks import _common
@@ -237,7 +247,7 @@ def test_digits_are_upscaled_grey_in_three_channels_with_a_fixed_test_split(monk
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["overhead", "inference"])
-def test_a_comparison_reports_the_median_of_its_sessions_ratios(
+def test_a_comparison_runs_real_sessions_and_reports_their_ratios(
     name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from benchmarks import _common, inference, overhead
@@ -254,7 +264,7 @@ def test_a_comparison_reports_the_median_of_its_sessions_ratios(
         return sessions[-1]
 
     monkeypatch.setattr(module, "session", recorded)
-    module.main(["--repeats", "2", "--out", str(tmp_path)])
+    module.main(["--repeats", "2", "--out", str(tmp_path), "--clock", "cpu"])
     (case,) = json.loads((tmp_path / f"{name}.json").read_text())["cases"]
     assert len(sessions) == 2 and all(len(s["plain"]) == len(s["template"]) == 2 for s in sessions)
     key = "cpu_images_per_second" if name == "overhead" else "cpu_speed"
@@ -270,3 +280,30 @@ def test_a_comparison_reports_the_median_of_its_sessions_ratios(
     assert case["lightning_cpu_ratio"] == pytest.approx(sum(s["lightning_cpu"] for s in case["sessions"]) / 2)
     assert case["ratio"] == case["cpu_ratio"]  # the CPU clock decides on a CPU-only machine
     assert "median of 2 sessions" in (tmp_path / f"{name}.md").read_text()
+
+
+def test_the_headline_is_the_median_of_the_sessions_ratios_not_their_mean(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from benchmarks import _common, inference
+
+    # Three sessions of made-up stamps: evaluation steps of 1 s on the plain and lightning sides, of 1/0.90,
+    # 1/0.95 and 1/0.99 s on the template's: session ratios 0.90, 0.95, 0.99 (median 0.95, mean 0.9467).
+    template_ratios = iter([0.90, 0.95, 0.99])
+
+    def stamps(step: float) -> dict:
+        batches = [[i * step, (i + 0.5) * step, 4] for i in range(8)]
+        return {"clock": {"eval_batches": batches, "cpu": {"eval_batches": batches}}}
+
+    def made_up_session(*args: object, **kwargs: object) -> dict:
+        template = stamps(1 / next(template_ratios))
+        return {"plain": [stamps(1.0)] * 2, "lightning": [stamps(1.0)] * 2, "template": [template] * 2}
+
+    monkeypatch.setattr(inference, "session", made_up_session)
+    monkeypatch.setattr(inference, "CASES", [("test", "test", _common.Setup(), 4, "throughput")])
+    inference.main(["--repeats", "3", "--out", str(tmp_path), "--clock", "cpu"])
+    (case,) = json.loads((tmp_path / "inference.json").read_text())["cases"]
+    assert case["cpu_session_ratios"] == pytest.approx([0.90, 0.95, 0.99])
+    assert case["ratio"] == pytest.approx(0.95) and case["lightning_cpu_ratio"] == pytest.approx(1.0)
+    headline = (tmp_path / "inference.md").read_text().splitlines()[-1]
+    assert "ratio 0.950" in headline and "0.900 to 0.990" in headline and headline.endswith("MISSED")

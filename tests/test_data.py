@@ -511,3 +511,14 @@ def test_on_device_under_two_process_ddp_shards_training_and_evaluates_every_ima
     assert all(r["batch_sizes"] == [10, 10] for r in ranks)  # the global batch of 20, split
     last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     assert metrics(out, "fit", "val") == pytest.approx(evaluate(last, "val"), rel=1e-5)
+
+
+def test_a_batch_of_augmentation_keys_is_of_one_epoch_and_drawn_by_a_training_sampler() -> None:
+    from project.toolkit.data.datasets import AugmentKeys
+    from project.toolkit.data.samplers import EpochIndex
+
+    keys = AugmentKeys(5)
+    with pytest.raises(ValueError, match="one run and epoch"):
+        keys.__getitems__([EpochIndex(0, seed=0, epoch=0), EpochIndex(1, seed=0, epoch=1)])
+    with pytest.raises(TypeError, match="EpochIndex"):
+        keys.__getitems__([0, 1])

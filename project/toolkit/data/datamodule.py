@@ -345,7 +345,6 @@ class ImageArrayDataModule(LightningDataModule):
             batch_size=self.per_process_batch_size,
             sampler=sampler,
             drop_last=train,  # equal-sized training steps; evaluation sees every image
-            collate_fn=Indices.collate if isinstance(dataset, Indices) else None,  # read a batch at once
             **common,
         )
 

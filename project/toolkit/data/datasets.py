@@ -83,12 +83,8 @@ class Indices(Dataset):
     """For ``--data.on_device=true``: item ``i`` is just ``i``; the images wait on the accelerator
     and :meth:`ImageArrayDataModule.on_after_batch_transfer` looks them up there.
 
-    A DataLoader reads a whole batch at once (:meth:`__getitems__`, with :meth:`collate` as its
-    ``collate_fn``): item by item and collated, a batch of 128 costs 0.2-0.3 ms on a CPU, a percent of a
-    small network's evaluation step.
-
-    >>> default_collate([Indices(5)[i] for i in (4, 1)]).tolist(), Indices(5).__getitems__([4, 1]).tolist()
-    ([4, 1], [4, 1])
+    >>> default_collate([Indices(5)[i] for i in (4, 1)]).tolist()
+    [4, 1]
     """
 
     def __init__(self, count: int) -> None:
@@ -100,41 +96,35 @@ class Indices(Dataset):
     def __getitem__(self, index: int) -> int:
         return int(index)
 
-    def __getitems__(self, indices: Sequence[int]) -> torch.Tensor:
-        """The batch of ``indices``, collated: a 1-d int64 tensor."""
-        return torch.from_numpy(np.fromiter(indices, dtype=np.int64, count=len(indices)))
-
-    @staticmethod
-    def collate(batch: torch.Tensor) -> torch.Tensor:
-        """The DataLoader's ``collate_fn``: :meth:`__getitems__` collated the batch already."""
-        return batch
-
 
 class AugmentKeys(Indices):
     """For ``--data.on_device=true`` training: item ``key`` (an :class:`EpochIndex`) is
     ``[index, dy, dx, flip]``, the image and the augmentation :class:`AugmentedImages` would give
     it, drawn here on the CPU so the accelerator never waits on a look-up.
 
-    A DataLoader reads a whole batch at once (:meth:`__getitems__`, with :meth:`Indices.collate` as its
-    ``collate_fn``): one look-up in the epoch's table, where a tensor per image and a stack of them cost
-    about 10 us an image on a CPU -- 1-2 ms a batch of 128, a percent or two of a small network's step.
+    A DataLoader reads a whole batch at once (:meth:`__getitems__`): one look-up in the epoch's table,
+    where a tensor made per image costs about 3 us an image on a CPU (0.4 ms a batch of 128).
 
-    >>> keys = AugmentKeys(5)
-    >>> keys[EpochIndex(2, seed=0, epoch=0)].tolist() == [2, *draw_crops_and_flips(0, 0, 5)[2]]
+    >>> keys, table = AugmentKeys(5), draw_crops_and_flips(0, 1, 5)
+    >>> keys[EpochIndex(2, seed=0, epoch=1)].tolist() == [2, *table[2]]
     True
-    >>> batch = [EpochIndex(i, seed=0, epoch=1) for i in (4, 0)]
-    >>> bool((keys.__getitems__(batch) == default_collate([keys[k] for k in batch])).all())
+    >>> default_collate(keys.__getitems__([EpochIndex(i, seed=0, epoch=1) for i in (4, 0)])).tolist() == [
+    ...     [4, *table[4]], [0, *table[0]]]
     True
     """
 
     def __getitem__(self, key: EpochIndex) -> torch.Tensor:
         return self.__getitems__([key])[0]
 
-    def __getitems__(self, keys: Sequence[EpochIndex]) -> torch.Tensor:
-        """The rows of ``keys`` as one ``(n, 4)`` tensor. The keys are of one epoch, as a
-        :class:`~project.toolkit.data.samplers.TrainingSampler` deals each epoch's."""
+    def __getitems__(self, keys: Sequence[EpochIndex]) -> list[torch.Tensor]:
+        """The rows of ``keys``, for the DataLoader's collation: views of one ``(n, 4)`` tensor. The keys are of
+        one epoch, as a :class:`~project.toolkit.data.samplers.TrainingSampler` deals each epoch's."""
+        first, last = keys[0], keys[-1]
+        table = epoch_table(first, self.count)  # refuses a key that is not an EpochIndex
+        if (getattr(last, "seed", None), getattr(last, "epoch", None)) != (first.seed, first.epoch):
+            raise ValueError(f"a batch of augmentation keys must be of one run and epoch: {first!r} ... {last!r}")
         index = np.fromiter(keys, dtype=np.int64, count=len(keys))
-        return torch.from_numpy(np.column_stack([index, epoch_table(keys[0], self.count)[index]]))
+        return list(torch.from_numpy(np.column_stack([index, table[index]])).unbind())
 
 
 class IndexBatches(Dataset):
