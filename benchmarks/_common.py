@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,9 @@ def template_results(folder: Path) -> dict[str, Any]:
     return timing
 
 
+SIDES = ("plain", "lightning", "template")  # the sides of a comparison; each runs twice in a session
+
+
 def session(
     stage: str, setup: Setup, folder: Path, threads: int, batch_size: int | None = None
 ) -> dict[str, list[dict[str, Any]]]:
@@ -197,12 +201,48 @@ def session(
     runs ``stage`` (``fit``, ``test`` or ``predict``) on ``setup`` twice in that one process, in the order of
     :data:`benchmarks.paired.ORDER`. Returns each side's results in the order they ran, their stamps under
     ``"clock"`` (the template's: its ``timing.json``, with the stamps added)."""
-    from benchmarks.paired import ORDER
-
     folder.mkdir(parents=True, exist_ok=True)
     spec = {"stage": stage, "setup": asdict(setup), "batch_size": batch_size}
-    run([sys.executable, "-m", "benchmarks.paired", json.dumps(spec), str(folder)], threads, runs=len(ORDER))
+    run([sys.executable, "-m", "benchmarks.paired", json.dumps(spec), str(folder)], threads, runs=2 * len(SIDES))
     return json.loads((folder / "session.json").read_text())
+
+
+def run_sessions(
+    stage: str,
+    setup: Setup,
+    folder: Path,
+    threads: int,
+    repeats: int,
+    figures: Callable[[dict[str, Any]], dict[str, float]],
+    ratios: dict[str, tuple[str, str]],
+    batch_size: int | None = None,
+) -> tuple[dict[str, list[dict[str, float]]], list[dict[str, float]]]:
+    """``repeats`` sessions (:func:`session`, in ``folder``-0, -1, ...): every run's ``figures``, by side in the
+    order they ran, and each session's ``ratios`` (name: the figure's key and the side whose ratio to the plain
+    loop it is, :func:`session_ratio`), printed as each session ends."""
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
+    each: list[dict[str, float]] = []
+    for repeat in range(repeats):
+        ran = session(stage, setup, folder.with_name(f"{folder.name}-{repeat}"), threads, batch_size)
+        measured = {side: [figures(result) for result in ran[side]] for side in SIDES}
+        for side in SIDES:
+            runs[side].extend(measured[side])
+        each.append({name: session_ratio(measured, key, side) for name, (key, side) in ratios.items()})
+        said = ", ".join(f"{name} {ratio:.3f}" for name, ratio in each[-1].items())
+        print(f"  {folder.name} session {repeat} (over the plain loop): {said}", flush=True)
+    return runs, each
+
+
+def medians_by_clock(each: list[dict[str, float]], template: str) -> dict[str, Any]:
+    """From the sessions' ratios (:func:`run_sessions`), per clock ``c``: ``c_ratio``, the median of the
+    template's (named ``template`` with ``{clock}`` for the clock), ``c_session_ratios``, each session's, and
+    ``lightning_c_ratio``, the median of Lightning's loop alone (named ``lightning_c``)."""
+    summary: dict[str, Any] = {}
+    for c in CLOCKS:
+        ratios = [ratio[template.format(clock=c)] for ratio in each]
+        summary.update({f"{c}_ratio": statistics.median(ratios), f"{c}_session_ratios": ratios})
+        summary[f"lightning_{c}_ratio"] = statistics.median(ratio[f"lightning_{c}"] for ratio in each)
+    return summary
 
 
 def plain_fit_run(setup: Setup, out: Path, threads: int, test: bool = False) -> dict[str, Any]:

@@ -47,27 +47,28 @@ import statistics
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import (
     CLOCKS,
+    SIDES,
     Setup,
     common_arguments,
     eval_between,
     eval_latency,
     eval_step_cycle,
     machine,
+    medians_by_clock,
     on,
     parse,
     publish_comparison,
-    session,
-    session_ratio,
+    run_sessions,
 )
 from project.toolkit.measure.tables import number
 
 GOAL = 0.98
-SIDES = ("plain", "lightning", "template")
 WARMUP_BATCHES = 3  # the TimingCallback's default warmup_iterations
 # Small images on a CPU: the shortest steps, where per-batch host work weighs the most. Enough
 # batches after the warm-up for a steady median (about a second of work each).
@@ -137,22 +138,14 @@ def measure(
     (template over plain), and ``lightning_<clock>_ratio``: Lightning's loop alone over plain."""
     entry: dict[str, Any] = {"case": name, "stage": stage, "kind": kind, "setup": setup.__dict__, "batch_size": batch}
     entry["goal"] = kind == "throughput"  # see the module's notes on batch-1 latency
-    entry["runs"] = runs = {side: [] for side in SIDES}
-    entry["sessions"] = sessions = []
-    for repeat in range(args.repeats):
-        ran = session(stage, setup, work / f"{name.replace(' ', '-')}-{repeat}", args.threads, batch)
-        measured = {side: [run_figures(result, batch, kind, args.clock) for result in ran[side]] for side in SIDES}
-        for side in SIDES:
-            runs[side].extend(measured[side])
-        ratios = {c: session_ratio(measured, f"{c}_speed") for c in CLOCKS}
-        ratios.update({f"lightning_{c}": session_ratio(measured, f"{c}_speed", "lightning") for c in CLOCKS})
-        sessions.append(ratios)
-        said = ", ".join(f"{ratios[c]:.3f} ({c})" for c in CLOCKS)
-        print(f"  {name} session {repeat}: template/plain {said}; lightning/plain {ratios['lightning_cpu']:.3f} (cpu)")
-    for c in CLOCKS:
-        ratios = [ratio[c] for ratio in sessions]
-        entry.update({f"{c}_ratio": statistics.median(ratios), f"{c}_session_ratios": ratios})
-        entry[f"lightning_{c}_ratio"] = statistics.median(ratio[f"lightning_{c}"] for ratio in sessions)
+    ratios = {c: (f"{c}_speed", "template") for c in CLOCKS}
+    ratios |= {f"lightning_{c}": (f"{c}_speed", "lightning") for c in CLOCKS}
+    figures = partial(run_figures, batch_size=batch, kind=kind, clock=args.clock)
+    folder = work / name.replace(" ", "-")
+    entry["runs"], entry["sessions"] = run_sessions(
+        stage, setup, folder, args.threads, args.repeats, figures, ratios, batch
+    )
+    entry.update(medians_by_clock(entry["sessions"], "{clock}"))
     entry["ratio"] = entry[f"{args.clock}_ratio"]
     return entry
 

@@ -32,23 +32,17 @@ from lightning.pytorch import LightningModule, Trainer, seed_everything
 from torch.nn import functional as F
 
 from benchmarks._common import Setup
-from benchmarks.plain import InMemory, as_input, build_net, splits
-from project.toolkit.data.augmentation import PADDING, augment, rows_of, to_model_input
+from benchmarks.plain import InMemory, build_net, device_of_plain_loops, epoch_draws, splits
 from project.toolkit.data.samplers import SliceBatches
 from project.toolkit.measure.stamps import StepStamps
 from project.toolkit.training import WarmupCosine
-
-
-def device_of_plain_loop() -> torch.device:
-    """The device the plain loops run on: the GPU where there is one."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def bare_trainer(setup: Setup, folder: Path, **options: Any) -> Trainer:
     """A Trainer with nothing but Lightning's loop: no logger, callbacks but the stamps (to
     ``folder/clock.json``), progress bar or model summary; on the plain loop's device."""
     return Trainer(
-        accelerator="gpu" if device_of_plain_loop().type == "cuda" else "cpu",
+        accelerator="gpu" if device_of_plain_loops().type == "cuda" else "cpu",
         devices=1,
         precision=setup.precision,
         logger=False,
@@ -74,16 +68,11 @@ class PlainTraining(LightningModule):
         self.correct = torch.zeros((), dtype=torch.long, device=device)
 
     def on_train_epoch_start(self) -> None:
-        count, device = len(self.split), self.split.images.device
-        self.order = torch.randperm(count, generator=self.draws, device=device)
-        high = torch.tensor([2 * PADDING + 1, 2 * PADDING + 1, 2], device=device)
-        self.crops = (torch.rand(count, 3, generator=self.draws, device=device) * high).long()
+        self.order, self.crops = epoch_draws(len(self.split), self.draws, self.split.images.device)
 
     def on_after_batch_transfer(self, step: int, dataloader_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        size, split = self.setup_.batch_size, self.split
-        index = self.order[step * size : (step + 1) * size]
-        images = augment(rows_of(split.images, index), self.crops[index], self.setup_.image_size, split.mean, split.std)
-        return as_input(images, self.setup_), split.labels[index]
+        size = self.setup_.batch_size
+        return self.split.training_batch(self.order[step * size : (step + 1) * size], self.crops, self.setup_)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch
@@ -103,7 +92,7 @@ class PlainTraining(LightningModule):
 def lightning_fit(setup: Setup, folder: Path) -> dict[str, Any]:
     """Train :class:`PlainTraining` on ``setup`` for its epochs, on the plain loop's device; returns, as
     :func:`benchmarks.plain.plain_fit` does, the stamps under ``"clock"`` and the epochs' seconds and images."""
-    device = device_of_plain_loop()
+    device = device_of_plain_loops()
     seed_everything(setup.seed, verbose=False)
     train = splits(setup, device, "fit")["train"]
     steps = len(train) // setup.batch_size
@@ -130,9 +119,7 @@ class PlainEvaluation(LightningModule):
         self.correct = torch.zeros((), dtype=torch.long, device=device)
 
     def on_after_batch_transfer(self, batch: slice, dataloader_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        split = self.split
-        images = to_model_input(rows_of(split.images, batch), self.setup_.image_size, split.mean, split.std)
-        return as_input(images, self.setup_), split.labels[batch]
+        return self.split.evaluation_batch(batch, self.setup_)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         images, labels = batch
@@ -148,7 +135,7 @@ def lightning_infer(setup: Setup, batch_size: int, predict: bool, folder: Path) 
     """``test`` (or ``predict``) of :class:`PlainEvaluation` on ``setup``'s test images in batches of
     ``batch_size``, on the device the plain loop takes; returns the stamps, in the layout of the plain
     loop's, under ``"clock"``."""
-    device = device_of_plain_loop()
+    device = device_of_plain_loops()
     seed_everything(setup.seed, verbose=False)
     split = splits(setup, device, "test", batch_size)["test"]
     batches = SliceBatches(len(split), batch_size, num_replicas=1, rank=0)

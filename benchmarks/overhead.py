@@ -41,27 +41,28 @@ import statistics
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from benchmarks._common import (
     CLOCKS,
+    SIDES,
     Setup,
     common_arguments,
     epoch_throughput,
     machine,
+    medians_by_clock,
     on,
     parse,
     publish_comparison,
-    session,
-    session_ratio,
+    run_sessions,
     steady_epoch_wall,
     steady_step_cycle,
 )
 from project.toolkit.measure.tables import number
 
 GOAL = 0.98
-SIDES = ("plain", "lightning", "template")
 SPEEDS = (*(f"{c}_images_per_second" for c in CLOCKS), "epoch_images_per_second")  # the ratios of a session
 # Small images on a CPU, where the template's per-step host work weighs the most: each case's epoch is a
 # few seconds of compute, long enough for a few step cycles, short enough that the benchmarks take minutes.
@@ -81,29 +82,15 @@ OPTION_CASES = [
 def measure(setup: Setup, repeats: int, threads: int, work: Path, clock: str) -> dict[str, Any]:
     """``repeats`` sessions (:mod:`benchmarks.paired`) on ``setup``; the headline ``ratio`` on ``clock``
     (template over plain), and ``lightning_<clock>_ratio``: Lightning's loop alone over plain."""
-    runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
-    sessions: list[dict[str, float]] = []
-    for repeat in range(repeats):
-        folder = work / f"{setup.label.replace(' ', '-')}-{repeat}"
-        ran = session("fit", setup, folder, threads)
-        measured = {side: [speeds(result, setup.batch_size) for result in ran[side]] for side in SIDES}
-        for side in SIDES:
-            runs[side].extend(measured[side])
-        ratios = {key: session_ratio(measured, key) for key in SPEEDS}
-        ratios.update(
-            {f"lightning_{c}": session_ratio(measured, f"{c}_images_per_second", "lightning") for c in CLOCKS}
-        )
-        sessions.append(ratios)
-        said = ", ".join(f"{ratios[f'{c}_images_per_second']:.3f} ({c})" for c in CLOCKS)
-        floor = f"lightning/plain {ratios['lightning_cpu']:.3f} (cpu)"
-        print(f"  {setup.label} session {repeat}: template/plain {said}; {floor}", flush=True)
+    ratios = {key: (key, "template") for key in SPEEDS}
+    ratios |= {f"lightning_{c}": (f"{c}_images_per_second", "lightning") for c in CLOCKS}
+    figures = partial(speeds, batch_size=setup.batch_size)
+    folder = work / setup.label.replace(" ", "-")
+    runs, sessions = run_sessions("fit", setup, folder, threads, repeats, figures, ratios)
     result: dict[str, Any] = {"case": setup.label, "setup": setup.__dict__, "runs": runs, "sessions": sessions}
-    for c in CLOCKS:
-        key = f"{c}_images_per_second"
-        ratios = [ratio[key] for ratio in sessions]
+    result.update(medians_by_clock(sessions, "{clock}_images_per_second"))
+    for key in (f"{c}_images_per_second" for c in CLOCKS):
         result.update({f"{side}_{key}": statistics.median(r[key] for r in runs[side]) for side in SIDES})
-        result.update({f"{c}_ratio": statistics.median(ratios), f"{c}_session_ratios": ratios})
-        result[f"lightning_{c}_ratio"] = statistics.median(ratio[f"lightning_{c}"] for ratio in sessions)
     walls = {side: statistics.median(r["epoch_wall_seconds"] for r in runs[side]) for side in ("plain", "template")}
     result.update(
         {

@@ -33,12 +33,12 @@ from typing import Any
 
 import torch
 
-from benchmarks._common import Setup, template_arguments, template_results
+from benchmarks._common import SIDES, Setup, template_arguments, template_results
 from benchmarks.lightning_loop import lightning_fit, lightning_infer
 from benchmarks.plain import plain_fit, plain_infer
 from project.toolkit.host_memory import DEFAULT_TRIM_THRESHOLD_MB, keep_freed_host_memory
 
-ORDER = ("plain", "lightning", "template", "template", "lightning", "plain")  # there and back
+ORDER = (*SIDES, *reversed(SIDES))  # each side twice, there and back
 
 
 def run_side(side: str, stage: str, setup: Setup, folder: Path, batch_size: int | None) -> dict[str, Any]:

@@ -95,12 +95,36 @@ class InMemory:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def batches(self, batch_size: int, image_size: int, setup: Setup) -> Any:
-        """Evaluation batches in order, every image once: resized and normalised, channels_last."""
+    def batches(self, batch_size: int, setup: Setup) -> Any:
+        """Evaluation batches in order, every image once (:meth:`evaluation_batch`)."""
         for start in range(0, len(self), batch_size):
-            index = slice(start, start + batch_size)
-            images = to_model_input(self.images[index].permute(0, 3, 1, 2), image_size, self.mean, self.std)
-            yield as_input(images, setup), self.labels[index]
+            yield self.evaluation_batch(slice(start, start + batch_size), setup)
+
+    def evaluation_batch(self, index: slice, setup: Setup) -> tuple[torch.Tensor, torch.Tensor]:
+        """The images at ``index`` resized and normalised, as the network takes them, and their labels."""
+        images = to_model_input(rows_of(self.images, index), setup.image_size, self.mean, self.std)
+        return as_input(images, setup), self.labels[index]
+
+    def training_batch(
+        self, index: torch.Tensor, crops: torch.Tensor, setup: Setup
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The images at ``index`` augmented with their ``crops`` (:func:`epoch_draws`), as the network takes
+        them, and their labels."""
+        images = augment(rows_of(self.images, index), crops[index], setup.image_size, self.mean, self.std)
+        return as_input(images, setup), self.labels[index]
+
+
+def device_of_plain_loops() -> torch.device:
+    """The device the plain loops run on: the GPU where there is one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def epoch_draws(count: int, draws: torch.Generator, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One epoch's order of ``count`` training images and every image's crop offsets (0..8 on each axis) and
+    flip, as the template's table has them, drawn from the loop's own generator ``draws``."""
+    order = torch.randperm(count, generator=draws, device=device)
+    high = torch.tensor([2 * PADDING + 1, 2 * PADDING + 1, 2], device=device)
+    return order, (torch.rand(count, 3, generator=draws, device=device) * high).long()
 
 
 def as_input(images: torch.Tensor, setup: Setup) -> torch.Tensor:
@@ -134,7 +158,7 @@ def plain_fit(setup: Setup, out: Path, test: bool = False) -> dict[str, Any]:
     """
     from project.toolkit.training import WarmupCosine
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = device_of_plain_loops()
     now = clock_of(device)
     seed_everything(setup.seed, verbose=False)  # as the template: seeded before the network is built
     data = splits(setup, device, "fit")
@@ -156,18 +180,13 @@ def plain_fit(setup: Setup, out: Path, test: bool = False) -> dict[str, Any]:
         clock["epoch_starts"].append(start := now())
         seed_everything(setup.seed + epoch, verbose=False)  # as the template's ReseedEveryEpoch: dropout
         clock["train_batch_ends"].append(ends := [])
-        order = torch.randperm(len(train), generator=draws, device=device)
-        # Every image's crop offsets (0..8 on each axis) and flip for this epoch, as the template's table.
-        high = torch.tensor([2 * PADDING + 1, 2 * PADDING + 1, 2], device=device)
-        crops = (torch.rand(len(train), 3, generator=draws, device=device) * high).long()
+        order, crops = epoch_draws(len(train), draws, device)
         net.train()
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), dtype=torch.long, device=device)
         for step in range(steps):
             index = order[step * setup.batch_size : (step + 1) * setup.batch_size]
-            images = augment(rows_of(train.images, index), crops[index], setup.image_size, train.mean, train.std)
-            images = as_input(images, setup)
-            labels = train.labels[index]
+            images, labels = train.training_batch(index, crops, setup)
             with autocast(setup, device):
                 logits = net(images)
                 loss = F.cross_entropy(logits, labels)
@@ -200,7 +219,7 @@ def evaluate(net: nn.Module, split: InMemory, setup: Setup, device: torch.device
     net.eval()
     correct, seen = torch.zeros((), dtype=torch.long, device=device), 0
     with torch.inference_mode(), autocast(setup, device):
-        for number, (images, labels) in enumerate(split.batches(setup.batch_size, setup.image_size, setup)):
+        for number, (images, labels) in enumerate(split.batches(setup.batch_size, setup)):
             if number == batches:
                 break
             correct += (net(images).argmax(1) == labels).sum()
@@ -215,7 +234,7 @@ def plain_infer(setup: Setup, batch_size: int, predict: bool) -> dict[str, Any]:
     once at the end (``predict``: the predicted classes, gathered once at the end). A batch is stamped
     from its arrival on the device ready for the network to its result, where the template's
     ``on_*_batch_start`` / ``on_*_batch_end`` hooks run."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = device_of_plain_loops()
     now = clock_of(device)
     seed_everything(setup.seed, verbose=False)
     test = splits(setup, device, "test", batch_size)["test"]
@@ -224,7 +243,7 @@ def plain_infer(setup: Setup, batch_size: int, predict: bool) -> dict[str, Any]:
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), dtype=torch.long, device=device)
     with torch.inference_mode(), autocast(setup, device):
-        for step, (images, labels) in enumerate(test.batches(batch_size, setup.image_size, setup)):
+        for step, (images, labels) in enumerate(test.batches(batch_size, setup)):
             if step == setup.test_batches:
                 break
             start = now()

@@ -83,8 +83,8 @@ class ImageClassifier(LightningModule):
             self.net = self.net.to(memory_format=torch.channels_last)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         # Accuracy as the mean of per-image hits (1 where the predicted class is right): three tensor
-        # operations per batch. torchmetrics' MulticlassAccuracy takes some ten, about 0.1 ms of host
-        # time per step on a CPU (half a percent of a small network's test step), for the same value.
+        # operations per batch. torchmetrics' MulticlassAccuracy takes some ten, about 0.07 ms more host
+        # time per step on a CPU (a third of a percent of a small network's test step), for the same value.
         self.train_acc = SampleMean()
         self.val_acc = SampleMean()
         self.test_acc = SampleMean()

@@ -263,7 +263,7 @@ def test_a_comparison_runs_real_sessions_and_reports_their_ratios(
         sessions.append(real_session(*args, **kwargs))
         return sessions[-1]
 
-    monkeypatch.setattr(module, "session", recorded)
+    monkeypatch.setattr(_common, "session", recorded)
     module.main(["--repeats", "2", "--out", str(tmp_path), "--clock", "cpu"])
     (case,) = json.loads((tmp_path / f"{name}.json").read_text())["cases"]
     assert len(sessions) == 2 and all(len(s["plain"]) == len(s["template"]) == 2 for s in sessions)
@@ -299,7 +299,7 @@ def test_the_headline_is_the_median_of_the_sessions_ratios_not_their_mean(
         template = stamps(1 / next(template_ratios))
         return {"plain": [stamps(1.0)] * 2, "lightning": [stamps(1.0)] * 2, "template": [template] * 2}
 
-    monkeypatch.setattr(inference, "session", made_up_session)
+    monkeypatch.setattr(_common, "session", made_up_session)
     monkeypatch.setattr(inference, "CASES", [("test", "test", _common.Setup(), 4, "throughput")])
     inference.main(["--repeats", "3", "--out", str(tmp_path), "--clock", "cpu"])
     (case,) = json.loads((tmp_path / "inference.json").read_text())["cases"]
