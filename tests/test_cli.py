@@ -223,3 +223,21 @@ def test_rich_bar_redraws_ten_times_a_second_unless_told(
     cli = main(["fit", *tiny_args, *shown, *options, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
     (bar,) = [c for c in cli.trainer.callbacks if isinstance(c, RichTrainingBar)]
     assert bar.refresh_rate == redraws_per_second
+
+
+@pytest.mark.skipif(not rich_installed(), reason="the rich bar needs rich (the progress extra, installed by dev)")
+def test_rich_bar_reads_its_values_on_logging_steps_only_and_counts_every_step(
+    tiny_args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning.pytorch.callbacks import RichProgressBar
+
+    from project.toolkit import compat
+    from project.toolkit.callbacks import progress
+
+    full, counts = [], []  # Lightning's whole update (values, count, redraw); the count alone
+    monkeypatch.setattr(RichProgressBar, "on_train_batch_end", lambda self, *args: full.append(args[-1]))
+    advance = compat.advance_rich_bar
+    monkeypatch.setattr(progress, "advance_rich_bar", lambda bar, task, n: (counts.append(n), advance(bar, task, n)))
+    shown = ["--trainer.enable_progress_bar=true", "--trainer.log_every_n_steps=3"]
+    main(["fit", *tiny_args, *shown, "--trainer.max_epochs=1", "--trainer.limit_train_batches=4"])
+    assert full == [2] and counts == [1, 2, 4]  # batch 2 is the third step, which the loggers write

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy
@@ -38,6 +38,8 @@ def test_every_private_name_exists_in_the_installed_lightning() -> None:
     assert hasattr(ddp.strategy.launcher, "procs")
     assert not compat.is_subprocess_script_launcher(trainer.strategy.launcher)
     assert isinstance(compat.xla_available(), bool)
+    # advance_rich_bar: RichProgressBar's method that sets a task's count
+    assert list(inspect.signature(RichProgressBar._update).parameters)[:3] == ["self", "progress_bar_id", "current"]
     # format_model_summary: Lightning's summary table from its totals and columns
     table = compat.format_model_summary(10, 8, 0.5, {"train": 3, "eval": 1}, 0, ("Name", ["net"]), ("Params", ["10"]))
     assert table.splitlines()[0].split() == ["Name", "|", "Params"] and table.endswith("Total Flops")

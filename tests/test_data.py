@@ -33,6 +33,7 @@ from project.data import (
     read_label_names,
 )
 from project.data import cifar10 as data_module
+from project.toolkit.data import KeyBatches, draw_crops_and_flips
 from project.toolkit.errors import DataError
 from tests.conftest import LABEL_NAMES, TEST_IMAGES, TRAIN_PER_FILE
 from tests.test_strategies import recorded, recorder_args
@@ -166,6 +167,24 @@ def test_an_epoch_can_resume_at_any_batch_until_the_next_epoch(cifar_root: Path)
     assert list(sampler) == order  # and so is epoch 3 run again
     with pytest.raises(ValueError, match="cannot resume after 9 batches: an epoch has 8 on this process"):
         sampler.resume_at(epoch=3, batches_done=9)
+
+
+def test_on_device_training_batches_are_the_samplers_keys_and_resume_at_any_batch(cifar_root: Path) -> None:
+    dm = attach(make_dm(cifar_root, on_device=True))
+    dm.setup("fit")
+    batches = dm.train_dataloader()
+    assert isinstance(batches, KeyBatches)
+    batches.sampler.set_epoch(3)  # as Lightning does, through the loader's sampler
+    whole = list(batches)
+    rows = torch.cat(whole)
+    assert [len(batch) for batch in whole] == [20] * len(batches) and len(batches) == 8
+    assert rows[:, 0].tolist() == [int(key) for key in batches.sampler][: len(rows)]  # the sampler's order
+    table = draw_crops_and_flips(batches.sampler.seed, 3, len(dm._datasets["train"]))
+    assert torch.equal(rows[:, 1:], torch.from_numpy(table[rows[:, 0].numpy()]))  # and epoch 3's crops and flips
+    batches.sampler.resume_at(epoch=3, batches_done=5)
+    resumed = list(batches)
+    assert len(resumed) == 3 and all(torch.equal(a, b) for a, b in zip(resumed, whole[5:], strict=True))
+    assert len(batches) == 8  # the whole shard's batches: Lightning counts the ones done
 
 
 class BatchRecorder(Callback):
@@ -511,14 +530,3 @@ def test_on_device_under_two_process_ddp_shards_training_and_evaluates_every_ima
     assert all(r["batch_sizes"] == [10, 10] for r in ranks)  # the global batch of 20, split
     last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     assert metrics(out, "fit", "val") == pytest.approx(evaluate(last, "val"), rel=1e-5)
-
-
-def test_a_batch_of_augmentation_keys_is_of_one_epoch_and_drawn_by_a_training_sampler() -> None:
-    from project.toolkit.data.datasets import AugmentKeys
-    from project.toolkit.data.samplers import EpochIndex
-
-    keys = AugmentKeys(5)
-    with pytest.raises(ValueError, match="one run and epoch"):
-        keys.__getitems__([EpochIndex(0, seed=0, epoch=0), EpochIndex(1, seed=0, epoch=1)])
-    with pytest.raises(TypeError, match="EpochIndex"):
-        keys.__getitems__([0, 1])

@@ -22,6 +22,7 @@ from project.toolkit.data.input_path import (
     data_wait_advice,
     machine_of,
 )
+from project.toolkit.data.samplers import KeyBatches
 from tests.test_data import attach, make_dm
 
 GiB = 2**30
@@ -134,8 +135,9 @@ def test_the_data_module_takes_the_chosen_path(
     assert (dm.on_device, dm.num_workers) == (on_device, workers)
     assert ("train" in dm._on_device) == on_device  # the images were copied only on that path
     loader = dm.train_dataloader()
-    assert loader.num_workers == workers
-    batch = next(iter(loader))  # on the device: [index, dy, dx, flip] rows, made images after the transfer
+    # on the device: no DataLoader, batches of [index, dy, dx, flip] rows, made images after the transfer
+    assert isinstance(loader, KeyBatches) if on_device else loader.num_workers == workers
+    batch = next(iter(loader))
     images, labels = dm.on_after_batch_transfer(batch, dataloader_idx=0) if on_device else batch
     assert images.shape == (20, 3, 32, 32) and labels.shape == (20,)
 

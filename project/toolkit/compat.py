@@ -14,7 +14,7 @@ from lightning.fabric.accelerators import _AcceleratorRegistry
 from lightning.fabric.accelerators.xla import _XLA_AVAILABLE
 from lightning.fabric.strategies import _StrategyRegistry
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
@@ -39,6 +39,12 @@ def xla_available() -> bool:
 # LightningCLI methods the template's CLI overrides (project/toolkit/cli.py): no public hook runs a
 # subcommand inside a try block.
 CLI_OVERRIDES = ("_run_subcommand",)
+
+
+def advance_rich_bar(bar: RichProgressBar, task: Any, completed: int) -> None:
+    """Set the count of ``bar``'s ``task`` to ``completed``, with no redraw of the values beside it
+    (project/toolkit/callbacks/progress.py): RichProgressBar's own method for it."""
+    bar._update(task, completed)
 
 
 def loggers_write_this_step(trainer: Trainer) -> bool:

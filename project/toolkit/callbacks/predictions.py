@@ -3,43 +3,57 @@
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.utils.data import DataLoader
 
+from project.toolkit.data.samplers import SliceBatches
+from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 
 log = get_logger(__name__)
 
 
-class PredictionWriter(BasePredictionWriter):
+class PredictionWriter(Callback):
     """At the end of ``predict``, write one row per image -- its index in the predicted data set,
     the predicted class index and name -- gathered from every rank and sorted by index, to
-    ``<trainer.log_dir>/<filename>`` (rank 0 writes)."""
+    ``<trainer.log_dir>/<filename>`` (rank 0 writes).
+
+    Each batch's predictions stay where the model made them until the end, so no batch waits for the
+    device; the image indices come from the predict loader's batches (:func:`batch_indices`). Not
+    Lightning's BasePredictionWriter, whose indices Lightning tracks for a DataLoader only, and the
+    on-device path predicts from slices, with no DataLoader."""
 
     def __init__(self, filename: str = "predictions.csv") -> None:
-        super().__init__(write_interval="epoch")
         self.filename = filename
+        self.predictions: list[torch.Tensor] = []
 
-    def write_on_epoch_end(
+    def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.predictions = []
+
+    def on_predict_batch_end(
         self,
         trainer: Trainer,
         pl_module: LightningModule,
-        predictions: Sequence[Any],
-        batch_indices: Sequence[Any],
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
-        # One predict loader: predictions is a list of per-batch tensors and batch_indices holds,
-        # per batch, the data-set indices the sampler gave this rank.
+        self.predictions.append(torch.as_tensor(outputs))
+
+    def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        indices = batch_indices(trainer.predict_dataloaders)[: len(self.predictions)]  # limit_predict_batches
         pairs = [
             (int(index), int(pred))
-            for preds, indices in zip(predictions, batch_indices[0], strict=True)
-            for index, pred in zip(indices, torch.as_tensor(preds).tolist(), strict=True)
+            for preds, batch in zip(self.predictions, indices, strict=True)
+            for index, pred in zip(batch, preds.tolist(), strict=True)
         ]
+        self.predictions = []
         if dist.is_available() and dist.is_initialized():
             shards: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(shards, pairs)
@@ -55,3 +69,21 @@ class PredictionWriter(BasePredictionWriter):
             for index, pred in sorted(pairs):
                 writer.writerow([index, pred, names[pred] if names else pred])
         log.info("Wrote %d predictions to %s", len(pairs), path)
+
+
+def batch_indices(loader: Any) -> list[list[int]]:
+    """The data-set indices of every batch ``loader`` gives, in order: :class:`SliceBatches`' slices, or the
+    batches of a DataLoader's batch sampler (a DataLoader that batches by itself, in a fixed order, as
+    the data module's predict loaders do).
+
+    >>> batch_indices(DataLoader(range(5), batch_size=2))
+    [[0, 1], [2, 3], [4]]
+    """
+    if isinstance(loader, SliceBatches):
+        return loader.batch_indices()
+    if isinstance(loader, DataLoader) and loader.batch_sampler is not None:
+        return [list(batch) for batch in loader.batch_sampler]
+    raise ProjectError(
+        f"predictions.csv needs the image indices of every batch, which a {type(loader).__name__} does not give; "
+        "predict from a DataLoader with a batch_size, or switch the writer off (--callbacks.predictions=false)"
+    )

@@ -21,7 +21,7 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 
-from project.toolkit.compat import loggers_write_this_step
+from project.toolkit.compat import advance_rich_bar, loggers_write_this_step
 
 # What the model logs on the steps the loggers write (project/model.py), and the bar's name for each.
 STEP_VALUES = {"train/loss_step": "train/loss_step", "train/lr": "lr"}
@@ -73,6 +73,17 @@ class RichTrainingBar(TrainingValuesOnBar, RichProgressBar):
 
     def __init__(self, refresh_rate: int = 10, **kwargs: Any) -> None:
         super().__init__(refresh_rate=refresh_rate, **kwargs)
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.train_progress_bar_id is None or loggers_write_this_step(trainer):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        else:
+            # Between the steps the loggers write, the values on the bar stay as they are (see the mixin; the
+            # model logs to the bar once per epoch): only the count moves. Reading the values and redrawing at
+            # every step, as Lightning's bar does, cost 0.13 ms a step on a CPU; rich's own thread redraws.
+            advance_rich_bar(self, self.train_progress_bar_id, batch_idx + 1)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_end(trainer, pl_module)

@@ -6,7 +6,7 @@
 - :mod:`.statistics`: a data set's per-channel normalisation statistics, measured from its images;
 - :mod:`.declarations`: the checks of what a data set class declares (classes, image shape, statistics);
 - :mod:`.samplers`: the resumable training sampler and the evaluation batch sampler that gives every
-  process as many batches;
+  process as many batches; the on-device path's batches of indices, which need no DataLoader;
 - :mod:`.datasets`: the Datasets over uint8 image arrays that the loaders read;
 - :mod:`.datamodule`: :class:`ImageArrayDataModule`, the data module that serves any such arrays (both
   pipelines, the global batch split across processes).
@@ -22,18 +22,15 @@ from project.toolkit.data.augmentation import (
 from project.toolkit.data.datamodule import ImageArrayDataModule
 from project.toolkit.data.datasets import (
     AugmentedImages,
-    AugmentKeys,
     ImageArrayDataset,
     IndexBatches,
-    Indices,
     crop_and_flip_of,
 )
-from project.toolkit.data.samplers import EpochIndex, EvenBatchSampler, SliceBatches, TrainingSampler
+from project.toolkit.data.samplers import EpochIndex, EvenBatchSampler, KeyBatches, SliceBatches, TrainingSampler
 from project.toolkit.data.statistics import ChannelStats, measure_channel_stats
 
 __all__ = [
     "PADDING",
-    "AugmentKeys",
     "AugmentedImages",
     "ChannelStats",
     "EpochIndex",
@@ -41,7 +38,7 @@ __all__ = [
     "ImageArrayDataModule",
     "ImageArrayDataset",
     "IndexBatches",
-    "Indices",
+    "KeyBatches",
     "SliceBatches",
     "TrainingSampler",
     "augment",

@@ -39,10 +39,10 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
 from project.toolkit.data.augmentation import augment, rows_of, to_model_input
-from project.toolkit.data.datasets import AugmentedImages, AugmentKeys, ImageArrayDataset, IndexBatches, Indices
+from project.toolkit.data.datasets import AugmentedImages, ImageArrayDataset, IndexBatches
 from project.toolkit.data.declarations import check_declarations
 from project.toolkit.data.input_path import AUTO, InputPath, choose_input_path, machine_of
-from project.toolkit.data.samplers import EvenBatchSampler, SliceBatches, TrainingSampler
+from project.toolkit.data.samplers import EvenBatchSampler, KeyBatches, SliceBatches, TrainingSampler
 from project.toolkit.data.statistics import ChannelStats, measure_channel_stats
 from project.toolkit.errors import DataError
 from project.toolkit.log import get_logger
@@ -300,23 +300,22 @@ class ImageArrayDataModule(LightningDataModule):
 
     # -- loaders -----------------------------------------------------------------------------
 
-    def _loader(self, split: str, train: bool = False, predict: bool = False) -> DataLoader | SliceBatches:
+    def _loader(self, split: str, train: bool = False, predict: bool = False) -> DataLoader | KeyBatches | SliceBatches:
         dataset: Dataset = self._datasets[split]
         world, rank = self._replica()
-        if self.on_device and not train and not predict:  # slices: on_after_batch_transfer makes them images
+        if self.on_device:  # batches of indices, which on_after_batch_transfer makes images on the device
+            if train:
+                return KeyBatches(self._training_sampler(dataset, world, rank))
             return SliceBatches(len(dataset), self.per_process_batch_size, num_replicas=world, rank=rank)
-        if self.on_device:  # indices only: on_after_batch_transfer makes them images
-            dataset = AugmentKeys(len(dataset)) if train else Indices(len(dataset))
         workers = self.num_workers
         on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        pin = on_cuda and not self.on_device  # index batches are too small to gain from it
         # A generator of its own: a DataLoader draws its workers' base seed when it starts iterating,
         # from torch's global generator by default, and how often it does (once with persistent
         # workers, every epoch without) would then shift the dropout masks the model draws after it.
         # Nothing in loading is random otherwise: the samplers and the augmentation have their own seeds.
         common = {
             "num_workers": workers,
-            "pin_memory": pin,
+            "pin_memory": on_cuda,
             "persistent_workers": workers > 0,
             "generator": torch.Generator().manual_seed(0),
         }
@@ -328,17 +327,8 @@ class ImageArrayDataModule(LightningDataModule):
             return DataLoader(IndexBatches(dataset), batch_size=None, sampler=batches, **common)
         sampler = None
         if train:
-            # Our own sampler even on one process: its order depends only on (seed, epoch), which
-            # Lightning advances with set_epoch every epoch, so every rank sees a disjoint shard,
-            # reshuffled each epoch, and a resumed run sees the same order as an unbroken one.
-            # drop_last: the few images that do not divide across the ranks sit this epoch out (as
-            # an incomplete last batch does) instead of being repeated on some rank. The sampler also
-            # hands each image its augmentation's (seed, epoch), and can start an epoch mid-way.
-            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-            sampler = TrainingSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank, seed=seed)
-        elif world > 1:
-            # predict: every image once, in batches of batch_size, which Lightning can track the image
-            # indices of (it does so only for a loader that batches by itself).
+            sampler = self._training_sampler(dataset, world, rank)
+        elif world > 1:  # predict: every image once, in batches of batch_size
             sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
         return DataLoader(
             dataset,
@@ -348,12 +338,22 @@ class ImageArrayDataModule(LightningDataModule):
             **common,
         )
 
+    def _training_sampler(self, dataset: Dataset, world: int, rank: int) -> TrainingSampler:
+        """Our own sampler even on one process: its order depends only on (seed, epoch), which Lightning
+        advances with set_epoch every epoch, so every rank sees a disjoint shard, reshuffled each epoch, and a
+        resumed run sees the same order as an unbroken one. drop_last: the few images that do not divide
+        across the ranks sit this epoch out (as an incomplete last batch does) instead of being repeated on
+        some rank. The sampler also hands each image its augmentation's (seed, epoch), and can start an epoch
+        mid-way."""
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        return TrainingSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank, seed=seed)
+
     @property
     def num_workers(self) -> int:
         """DataLoader worker processes per training process: the option, or what ``auto`` chose."""
         return self.input_path.num_workers
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | KeyBatches:
         return self._loader("train", train=True)
 
     def val_dataloader(self) -> DataLoader | SliceBatches:
@@ -362,15 +362,14 @@ class ImageArrayDataModule(LightningDataModule):
     def test_dataloader(self) -> DataLoader | SliceBatches:
         return self._loader("test")
 
-    def predict_dataloader(self) -> DataLoader:
+    def predict_dataloader(self) -> DataLoader | SliceBatches:
         return self._loader("test", predict=True)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """on_device: turn a batch of indices (for val and test a slice, :class:`SliceBatches`), now on the
-        accelerator, into ``(images, labels)``: training batches (rows ``[index, dy, dx, flip]``, see
-        :class:`AugmentKeys`) cropped, flipped, resized and normalised, evaluation batches resized and
-        normalised, all in one go. The result is converted as Lightning converts a loaded batch for the
-        run's precision."""
+        """on_device: turn a batch of indices, now on the accelerator, into ``(images, labels)``: training
+        batches (rows ``[index, dy, dx, flip]``, :class:`KeyBatches`) cropped, flipped, resized and
+        normalised, evaluation and prediction batches (slices, :class:`SliceBatches`) resized and normalised,
+        all in one go. The result is converted as Lightning converts a loaded batch for the run's precision."""
         if not self.on_device:
             return batch
         size, (mean, std) = self.hparams.image_size, self.channel_stats

@@ -2,8 +2,8 @@
 
 :class:`ImageArrayDataset` gives evaluation images; :class:`AugmentedImages` gives training images
 augmented as a function of ``(seed, epoch, image index)`` (an :class:`~project.toolkit.data.samplers.EpochIndex`
-key); :class:`Indices` and :class:`AugmentKeys` stand in for them under ``--data.on_device=true``, where
-the images wait on the accelerator; :class:`IndexBatches` reads a whole batch at a time.
+key); :class:`IndexBatches` reads a whole batch at a time. (Under ``--data.on_device=true`` the images wait
+on the accelerator and the loaders carry only indices: :mod:`project.toolkit.data.samplers`.)
 """
 
 from __future__ import annotations
@@ -77,54 +77,6 @@ class AugmentedImages(ImageArrayDataset):
         params = torch.tensor(crop_and_flip_of(key, len(self)))[None]
         image = torch.from_numpy(self.images[key : key + 1]).permute(0, 3, 1, 2)
         return augment(image, params, self.image_size, self.mean, self.std)[0], int(self.labels[key])
-
-
-class Indices(Dataset):
-    """For ``--data.on_device=true``: item ``i`` is just ``i``; the images wait on the accelerator
-    and :meth:`ImageArrayDataModule.on_after_batch_transfer` looks them up there.
-
-    >>> default_collate([Indices(5)[i] for i in (4, 1)]).tolist()
-    [4, 1]
-    """
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, index: int) -> int:
-        return int(index)
-
-
-class AugmentKeys(Indices):
-    """For ``--data.on_device=true`` training: item ``key`` (an :class:`EpochIndex`) is
-    ``[index, dy, dx, flip]``, the image and the augmentation :class:`AugmentedImages` would give
-    it, drawn here on the CPU so the accelerator never waits on a look-up.
-
-    A DataLoader reads a whole batch at once (:meth:`__getitems__`): one look-up in the epoch's table,
-    where a tensor made per image costs about 3 us an image on a CPU (0.4 ms a batch of 128).
-
-    >>> keys, table = AugmentKeys(5), draw_crops_and_flips(0, 1, 5)
-    >>> keys[EpochIndex(2, seed=0, epoch=1)].tolist() == [2, *table[2]]
-    True
-    >>> default_collate(keys.__getitems__([EpochIndex(i, seed=0, epoch=1) for i in (4, 0)])).tolist() == [
-    ...     [4, *table[4]], [0, *table[0]]]
-    True
-    """
-
-    def __getitem__(self, key: EpochIndex) -> torch.Tensor:
-        return self.__getitems__([key])[0]
-
-    def __getitems__(self, keys: Sequence[EpochIndex]) -> list[torch.Tensor]:
-        """The rows of ``keys``, for the DataLoader's collation: views of one ``(n, 4)`` tensor. The keys are of
-        one epoch, as a :class:`~project.toolkit.data.samplers.TrainingSampler` deals each epoch's."""
-        first, last = keys[0], keys[-1]
-        table = epoch_table(first, self.count)  # refuses a key that is not an EpochIndex
-        if (getattr(last, "seed", None), getattr(last, "epoch", None)) != (first.seed, first.epoch):
-            raise ValueError(f"a batch of augmentation keys must be of one run and epoch: {first!r} ... {last!r}")
-        index = np.fromiter(keys, dtype=np.int64, count=len(keys))
-        return list(torch.from_numpy(np.column_stack([index, table[index]])).unbind())
 
 
 class IndexBatches(Dataset):
