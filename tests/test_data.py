@@ -185,6 +185,11 @@ def test_on_device_training_batches_are_the_samplers_keys_and_resume_at_any_batc
     resumed = list(batches)
     assert len(resumed) == 3 and all(torch.equal(a, b) for a, b in zip(resumed, whole[5:], strict=True))
     assert len(batches) == 8  # the whole shard's batches: Lightning counts the ones done
+    batches.sampler.resume_at(epoch=3, batches_done=8)
+    assert list(batches) == []  # saved after the epoch's last batch: nothing left, not one empty batch
+    made_early = iter(batches)  # as Lightning makes it, before it sets the epoch of a resumed run
+    batches.sampler.set_epoch(4)
+    assert torch.equal(next(made_early), next(iter(batches)))  # epoch 4's first batch, whole
 
 
 class BatchRecorder(Callback):

@@ -16,6 +16,7 @@ from lightning.fabric.strategies import _StrategyRegistry
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.overrides.distributed import _IndexBatchSamplerWrapper
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
@@ -42,9 +43,16 @@ CLI_OVERRIDES = ("_run_subcommand",)
 
 
 def advance_rich_bar(bar: RichProgressBar, task: Any, completed: int) -> None:
-    """Set the count of ``bar``'s ``task`` to ``completed``, with no redraw of the values beside it
+    """Set the count of ``bar``'s ``task`` to ``completed``, leaving the values beside it as they are
     (project/toolkit/callbacks/progress.py): RichProgressBar's own method for it."""
     bar._update(task, completed)
+
+
+def seen_batch_indices(loader: object) -> list[list[int]] | None:
+    """The data-set indices of each batch a DataLoader has given in ``predict``, as Lightning records them
+    (it wraps a predicting DataLoader's batch sampler to do so); None for a loader it has not wrapped."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    return batch_sampler.seen_batch_indices if isinstance(batch_sampler, _IndexBatchSamplerWrapper) else None
 
 
 def loggers_write_this_step(trainer: Trainer) -> bool:
@@ -78,8 +86,8 @@ def is_subprocess_script_launcher(launcher: object) -> bool:
 
 
 def restart_training_batches(trainer: Trainer) -> None:
-    """Make the fit loop draw its batches afresh from the training DataLoader (whose sampler was
-    just moved, e.g. to the position of a mid-epoch resume)."""
+    """Make the fit loop draw its batches afresh from the training loader (whose sampler was just
+    moved, e.g. to the position of a mid-epoch resume)."""
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is not None:  # None before the loop has set it up: it then starts afresh anyway
         iter(fetcher)

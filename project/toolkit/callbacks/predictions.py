@@ -9,8 +9,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
-from torch.utils.data import DataLoader
 
+from project.toolkit.compat import seen_batch_indices
 from project.toolkit.data.samplers import SliceBatches
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
@@ -23,14 +23,16 @@ class PredictionWriter(Callback):
     the predicted class index and name -- gathered from every rank and sorted by index, to
     ``<trainer.log_dir>/<filename>`` (rank 0 writes).
 
-    Each batch's predictions stay where the model made them until the end, so no batch waits for the
-    device; the image indices come from the predict loader's batches (:func:`batch_indices`). Not
-    Lightning's BasePredictionWriter, whose indices Lightning tracks for a DataLoader only, and the
-    on-device path predicts from slices, with no DataLoader."""
+    The image indices of each batch come from the predict loader (:func:`batch_indices`): not Lightning's
+    BasePredictionWriter, which has them from Lightning for a DataLoader only, and the on-device path
+    predicts from slices of the images, with no DataLoader."""
 
     def __init__(self, filename: str = "predictions.csv") -> None:
         self.filename = filename
         self.predictions: list[torch.Tensor] = []
+
+    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        batch_indices(trainer.predict_dataloaders)  # a loader whose indices are unknown: said before predicting
 
     def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.predictions = []
@@ -72,18 +74,18 @@ class PredictionWriter(Callback):
 
 
 def batch_indices(loader: Any) -> list[list[int]]:
-    """The data-set indices of every batch ``loader`` gives, in order: :class:`SliceBatches`' slices, or the
-    batches of a DataLoader's batch sampler (a DataLoader that batches by itself, in a fixed order, as
-    the data module's predict loaders do).
+    """The data-set indices of every batch ``loader`` gives (:class:`SliceBatches`), or has given (a DataLoader
+    that batches by itself: Lightning records them), in order.
 
-    >>> batch_indices(DataLoader(range(5), batch_size=2))
+    >>> batch_indices(SliceBatches(5, batch_size=2, num_replicas=1, rank=0))
     [[0, 1], [2, 3], [4]]
     """
     if isinstance(loader, SliceBatches):
         return loader.batch_indices()
-    if isinstance(loader, DataLoader) and loader.batch_sampler is not None:
-        return [list(batch) for batch in loader.batch_sampler]
-    raise ProjectError(
-        f"predictions.csv needs the image indices of every batch, which a {type(loader).__name__} does not give; "
-        "predict from a DataLoader with a batch_size, or switch the writer off (--callbacks.predictions=false)"
-    )
+    seen = seen_batch_indices(loader)
+    if seen is None:
+        raise ProjectError(
+            f"predictions.csv needs the image indices of every batch, which a {type(loader).__name__} does not give; "
+            "predict from a DataLoader with a batch_size, or switch the writer off (--callbacks.predictions=false)"
+        )
+    return seen

@@ -59,7 +59,7 @@ class ReseedEveryEpoch(Callback):
         sampler.resume_at(trainer.current_epoch, batches_done)
         if batches_done == 0:
             _reseed(int(seed), trainer.current_epoch)  # what on_train_epoch_start would have done
-        restart_training_batches(trainer)  # it draws a seed from torch's generator, as it did in the unbroken run
+        restart_training_batches(trainer)  # its iterator was made before resume_at
         if batches_done > 0 and self._saved_generators is not None:
             _set_generator_states(self._saved_generators)  # as they were after the checkpoint's step
 

@@ -201,9 +201,9 @@ class ImageArrayDataModule(LightningDataModule):
         log.info("input: %s, %d workers (%s)", path.name, path.num_workers, path.reason)
         if path.on_device:
             self._move_to_device(splits)
-        if path.num_workers == 0 and (path.on_device or self.hparams.num_workers == AUTO):
-            # Lightning advises more workers for a loader with fewer than 2; these carry indices only,
-            # or run on a CPU, where workers would take cores from the training step.
+        if not path.on_device and path.num_workers == 0 and self.hparams.num_workers == AUTO:
+            # Lightning advises more workers for a DataLoader with fewer than 2; auto chose none on a CPU,
+            # where workers would take cores from the training step. (The on-device path has no DataLoader.)
             warnings.filterwarnings("ignore", message=r"The '\w+_dataloader' does not have many workers")
 
     def _choose_input_path(self, splits: tuple[str, ...]) -> InputPath:

@@ -136,13 +136,15 @@ class KeyBatches:
         return len(self.sampler) // self.sampler.batch_size
 
     def __iter__(self) -> Iterator[torch.Tensor]:
+        # A generator: the epoch is read at the first batch, not when the iterator is made. Lightning makes
+        # it before it sets the epoch of a run that resumes (as a DataLoader's iterator reads its sampler late).
         sampler, size = self.sampler, self.sampler.batch_size
         index = np.asarray(sampler.shard(), dtype=np.int64)
         index = index[: len(index) // size * size]
         if not len(index):  # split would give one empty batch
-            return iter(())
+            return
         table = draw_crops_and_flips(sampler.seed, sampler.epoch, len(sampler.dataset))
-        return iter(torch.from_numpy(np.column_stack([index, table[index]])).split(size))
+        yield from torch.from_numpy(np.column_stack([index, table[index]])).split(size)
 
 
 class EvenBatchSampler(DistributedSampler):
