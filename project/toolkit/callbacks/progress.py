@@ -6,7 +6,9 @@ training steps there: the bar reads its values at every refresh (every step), an
 that lives on an accelerator makes the host wait for the device each time. This bar reads the loss
 and the learning rate only on the steps the loggers write (every ``--trainer.log_every_n_steps``),
 which read them then anyway, and shows those values until the next such step. ``v_num`` (the run
-folder's number, the same all run long) is left out: the end-of-run summary names the folder.
+folder's number, the same all run long) is left out: the end-of-run summary names the folder. The rich
+bar reads all its values on those steps only (and at the end of each epoch): between them only its count
+moves, so a value a model logs with ``prog_bar=True`` at every step is shown as of the last logging step.
 
 The loss on the bar is the last logged step's, named ``train/loss_step`` as in TensorBoard; the
 epoch's mean is ``train/loss`` (the end-of-run summary's). The bar is finished when a stage's work is
