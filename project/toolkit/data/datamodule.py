@@ -328,7 +328,9 @@ class ImageArrayDataModule(LightningDataModule):
         sampler = None
         if train:
             sampler = self._training_sampler(dataset, world, rank)
-        elif world > 1:  # predict: every image once, in batches of batch_size
+        elif world > 1:
+            # predict: every image once, in batches of batch_size, by a DataLoader that batches by itself:
+            # Lightning records the image indices of such a loader's batches, which predictions.csv needs.
             sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
         return DataLoader(
             dataset,
