@@ -32,7 +32,7 @@ from lightning.pytorch import LightningModule, Trainer, seed_everything
 from torch.nn import functional as F
 
 from benchmarks._common import Setup
-from benchmarks.plain import InMemory, build_net, device_of_plain_loops, epoch_draws, splits
+from benchmarks.plain import InMemory, build_net, device_of_plain_loops, epoch_draws, splits, training_steps
 from project.toolkit.data.samplers import SliceBatches
 from project.toolkit.measure.stamps import StepStamps
 from project.toolkit.training import WarmupCosine
@@ -95,9 +95,7 @@ def lightning_fit(setup: Setup, folder: Path) -> dict[str, Any]:
     device = device_of_plain_loops()
     seed_everything(setup.seed, verbose=False)
     train = splits(setup, device, "fit")["train"]
-    steps = len(train) // setup.batch_size
-    if setup.train_batches is not None:
-        steps = min(steps, setup.train_batches)
+    steps = training_steps(setup, len(train))
     module = PlainTraining(setup, train, steps, device)
     trainer = bare_trainer(setup, folder, max_epochs=setup.epochs, num_sanity_val_steps=0)
     trainer.fit(module, list(range(steps)))  # Lightning iterates any sized iterable as a loader

@@ -35,8 +35,7 @@ import torch
 
 from benchmarks._common import SIDES, Setup, template_arguments, template_results
 from benchmarks.lightning_loop import lightning_fit, lightning_infer
-from benchmarks.plain import plain_fit, plain_infer
-from project.toolkit.host_memory import DEFAULT_TRIM_THRESHOLD_MB, keep_freed_host_memory
+from benchmarks.plain import plain_fit, plain_infer, reuse_freed_host_memory
 
 ORDER = (*SIDES, *reversed(SIDES))  # each side twice, there and back
 
@@ -66,10 +65,9 @@ def main(spec: str, folder: str) -> None:
     setup = Setup(**options["setup"])
     # Process-wide, as the template sets them (its host_memory_reuse callback; cuDNN autotuning, which its
     # Trainer would otherwise switch on halfway through the session): every side runs under the same.
-    if setup.host_memory_reuse and not torch.cuda.is_available():
-        keep_freed_host_memory(DEFAULT_TRIM_THRESHOLD_MB)
+    reuse_freed_host_memory(setup)
     torch.backends.cudnn.benchmark = True
-    results: dict[str, list[dict[str, Any]]] = {side: [] for side in ORDER}
+    results: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     for number, side in enumerate(ORDER):
         run = run_side(side, options["stage"], setup, Path(folder) / f"{number}-{side}", options["batch_size"])
         results[side].append(run)

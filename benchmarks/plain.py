@@ -114,6 +114,20 @@ class InMemory:
         return as_input(images, setup), self.labels[index]
 
 
+def reuse_freed_host_memory(setup: Setup) -> None:
+    """On a CPU, keep freed memory for reuse as the template's ``host_memory_reuse`` callback does, unless the
+    setup turns that off: process-wide, so once per process, before its first run."""
+    if setup.host_memory_reuse and not torch.cuda.is_available():
+        keep_freed_host_memory(DEFAULT_TRIM_THRESHOLD_MB)
+
+
+def training_steps(setup: Setup, images: int) -> int:
+    """Steps an epoch of ``images`` training images takes: whole batches only (the template drops the last
+    incomplete one too), at most ``setup.train_batches``."""
+    steps = images // setup.batch_size
+    return steps if setup.train_batches is None else min(steps, setup.train_batches)
+
+
 def device_of_plain_loops() -> torch.device:
     """The device the plain loops run on: the GPU where there is one."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -165,9 +179,7 @@ def plain_fit(setup: Setup, out: Path, test: bool = False) -> dict[str, Any]:
     train, val = data["train"], data["val"]
     net = build_net(setup, device, setup.data_module().num_classes)
     optimizer = torch.optim.SGD(net.parameters(), lr=setup.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    steps = len(train) // setup.batch_size  # the template drops the last incomplete batch too
-    if setup.train_batches is not None:
-        steps = min(steps, setup.train_batches)
+    steps = training_steps(setup, len(train))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(steps, steps * setup.epochs))
     scaler = torch.amp.GradScaler(device.type, enabled=setup.precision == "16-mixed")
     draws = torch.Generator(device).manual_seed(setup.seed)  # the loop's own: order, crops and flips
@@ -264,8 +276,7 @@ def main(specs: str, out: str) -> None:
     results = []
     for spec in json.loads(specs):
         setup = Setup(**spec["setup"])
-        if setup.host_memory_reuse and not torch.cuda.is_available():  # as the template's default callback does
-            keep_freed_host_memory(DEFAULT_TRIM_THRESHOLD_MB)
+        reuse_freed_host_memory(setup)
         results.append(plain_fit(setup, Path(out), test=spec.get("test", False)))
     Path(out).write_text(json.dumps(results))
 

@@ -44,14 +44,9 @@ class ImageArrayDataset(Dataset):
 
 def crop_and_flip_of(key: EpochIndex, count: int) -> np.ndarray:
     """``(dy, dx, flip)`` of training image ``key`` of ``count`` in the key's epoch and run."""
-    return epoch_table(key, count)[key]
-
-
-def epoch_table(key: EpochIndex, count: int) -> np.ndarray:
-    """The crops and flips of all ``count`` training images in the epoch and run of ``key``."""
     if not isinstance(key, EpochIndex):
         raise TypeError(f"training images are drawn by EpochIndex (from a TrainingSampler), not {key!r}")
-    return draw_crops_and_flips(key.seed, key.epoch, count)
+    return draw_crops_and_flips(key.seed, key.epoch, count)[key]
 
 
 class AugmentedImages(ImageArrayDataset):
