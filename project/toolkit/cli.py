@@ -79,9 +79,10 @@ from project.toolkit.preflight import (
     check_writable,
     warn_cpu_oversubscription,
 )
+from project.toolkit.process_exit import leave_gloo_process_group
 from project.toolkit.run_dirs import arrange_run_folder, runs_root
 from project.toolkit.run_settings import callbacks_switched_off, derive_settings
-from project.toolkit.strategies import leave_gloo_process_group, name_help, register_strategies
+from project.toolkit.strategies import name_help, register_strategies
 from project.toolkit.strategies.deepspeed import (
     check_deepspeed_choice,
     is_deepspeed_checkpoint,

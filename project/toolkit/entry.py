@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from project.toolkit.commands import TRAINER_COMMANDS, top_level_help, unknown_command
+from project.toolkit.process_exit import end_program
 
 # The module whose main() answers each of the tool commands (commands.TOOL_COMMANDS, which the help lists).
 TOOLS = {
@@ -37,6 +38,12 @@ def main(args: list[str] | None = None, model: str = "", data: str = "") -> Any:
         raise SystemExit(2)
     from project.toolkit.cli import main as cli_main  # torch and Lightning: only the trainer commands need them
 
-    return cli_main(
-        None if args is None else argv, model=model, data=data
-    )  # None: LightningCLI reads sys.argv itself, without a warning
+    if args is not None:  # called from Python (tests): the caller's process goes on
+        return cli_main(argv, model=model, data=data)
+    try:
+        cli = cli_main(None, model=model, data=data)  # None: LightningCLI reads sys.argv itself, without a warning
+    except SystemExit as done:
+        end_program(done.code)  # returns unless the process has a gloo group (project/toolkit/process_exit.py)
+        raise
+    end_program(0)
+    return cli

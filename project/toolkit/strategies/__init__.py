@@ -15,7 +15,6 @@ What these strategies need of a LightningModule is :mod:`project.toolkit.strateg
 
 from __future__ import annotations
 
-import torch.distributed as dist
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from lightning.pytorch.strategies import StrategyRegistry
 
@@ -30,7 +29,6 @@ __all__ = [
     "PipelineStrategy",
     "SingleXLAStrategy",
     "XLACPUAccelerator",
-    "leave_gloo_process_group",
     "name_help",
     "register_strategies",
 ]
@@ -72,16 +70,3 @@ def name_help() -> dict[str, str]:
         )
     texts["--trainer.strategy"] += " (and ddp*_find_unused_parameters_true/false)"
     return texts
-
-
-def leave_gloo_process_group() -> None:
-    """Destroy this process's gloo process group, if it has one; run at exit (registered by the CLI).
-
-    Lightning never destroys the group. Left to interpreter shutdown, gloo's worker threads can
-    still hold tensors whose release then needs the GIL that is being torn down, and a run that
-    finished can abort ("terminate called without an active exception", exit -6). Leaving a gloo
-    group is local to the process, so it is safe after a failure too; NCCL groups are left alone,
-    since destroying one after a failed collective can hang.
-    """
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
-        dist.destroy_process_group()
