@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -184,14 +185,33 @@ def test_cudnn_autotuning_is_on_unless_deterministic(
     assert torch.backends.cudnn.benchmark is benchmark
 
 
-def test_each_default_callback_can_be_switched_off(tiny_args: list[str], tmp_path: Path) -> None:
-    from project.toolkit.callbacks.timing import TimingCallback
-    from project.toolkit.cli import DEFAULT_CALLBACKS
+def test_each_command_holds_the_default_callbacks_with_work_in_it(tiny_args: list[str], tmp_path: Path) -> None:
+    """Every default callback is on, in the commands it has work in (WORKS_IN), and in no other: Lightning adds
+    no summary callback of its own in place of one left out, nor misses a callback whose state the checkpoint
+    holds."""
+    from lightning.pytorch.callbacks import ModelSummary
+
+    from project.toolkit.cli import DEFAULT_CALLBACKS, WORKS_IN
 
     shown = ["--trainer.enable_progress_bar=true", "--trainer.enable_model_summary=true"]  # tiny_args hide them
-    cli = main(["fit", *tiny_args, *shown, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
-    on = {type(c) for c in cli.trainer.callbacks}
-    assert set(DEFAULT_CALLBACKS.values()) <= on  # every one on by default
+    fit = main(["fit", *tiny_args, *shown, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
+    last = Path(fit.trainer.log_dir) / "checkpoints" / "last.ckpt"
+    for command in ("fit", "validate", "test", "predict"):
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            cli = fit if command == "fit" else main([command, *tiny_args, *shown, f"--ckpt_path={last}"])
+        assert not [w for w in warned if "callbacks used to create the checkpoint" in str(w.message)], command
+        held = cli.trainer.callbacks
+        for name, kind in DEFAULT_CALLBACKS.items():
+            works = command in WORKS_IN.get(name, {command})
+            assert any(isinstance(c, kind) for c in held) == works, (command, name)
+        if command != "fit":
+            assert not any(isinstance(c, ModelSummary) for c in held), (command, held)
+
+
+def test_each_default_callback_can_be_switched_off(tiny_args: list[str], tmp_path: Path) -> None:
+    from project.toolkit.callbacks.timing import TimingCallback
+
     off = main(
         ["fit", *tiny_args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--callbacks.timing=false"]
     )
