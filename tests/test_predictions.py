@@ -68,9 +68,11 @@ def test_predict_command_writes_the_csv(tiny_args: list[str], tmp_path: Path) ->
     from project.__main__ import main
 
     main(["fit", *tiny_args, "--trainer.max_epochs=1"])
-    cli = main(["predict", *tiny_args, "--ckpt_path=last"])
-    rows = list(csv.DictReader(open(Path(cli.trainer.log_dir) / "predictions.csv")))
-    assert len(rows) == fixtures.TEST_IMAGES and {r["predicted_name"] for r in rows} <= set(fixtures.LABEL_NAMES)
+    for options, returned in (([], False), (["--return_predictions=true"], True)):  # none returned unless asked
+        cli = main(["predict", *tiny_args, "--ckpt_path=last", *options])
+        assert cli.trainer.predict_loop.return_predictions is returned
+        rows = list(csv.DictReader(open(Path(cli.trainer.log_dir) / "predictions.csv")))
+        assert len(rows) == fixtures.TEST_IMAGES and {r["predicted_name"] for r in rows} <= set(fixtures.LABEL_NAMES)
 
 
 def test_a_truncated_checkpoint_is_one_error_line(tiny_args: list[str], tmp_path: Path, capsys) -> None:

@@ -10,6 +10,9 @@
 - ``--data.val_size=0`` (train on every image): no validation loop, and checkpoints keep
   ``last.ckpt`` only, as there is no ``val/acc`` to rank them by (``--ckpt_path=best`` then takes it).
 - cuDNN autotuning (``--trainer.benchmark``) is on unless the run is deterministic.
+- ``predict`` returns no predictions to the command line, which has no use for them (``predictions.csv``
+  holds them): ``--return_predictions`` is false unless given. Returning them, Lightning would copy each
+  batch's to the CPU as it comes (on a GPU, a wait for the device at every batch) and keep them all.
 """
 
 from __future__ import annotations
@@ -62,3 +65,5 @@ def derive_settings(subcommand: str, config: Any) -> None:
             checkpoint.save_top_k = 0
         if subcommand == "fit":
             log.info("data.val_size=0: training on every image, no validation; checkpoints keep last.ckpt only")
+    if subcommand == "predict" and config.get("return_predictions") is None:
+        config.return_predictions = False
