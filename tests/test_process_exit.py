@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -18,31 +19,35 @@ from tests.test_strategies import free_port_below_ephemeral_range
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A process in a gloo group of one that prints without a newline, registers an exit handler and ends by
-# end_program(CODE).
+# A process in a gloo group of one, with an idle thread pool (its worker is no daemon thread), that prints
+# without a newline, registers an exit handler and ends by end_program(OUTCOME).
 ONE_PROCESS = """
 import atexit, sys
+from concurrent.futures import ThreadPoolExecutor
 import torch.distributed as dist
 from project.toolkit.process_exit import end_program
 
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+sys.excepthook = sys.__excepthook__  # Python's own, without the "[rank0]: " torch.distributed puts before it
+POOL = ThreadPoolExecutor(1)  # kept: its idle worker waits for work until told to stop
+POOL.submit(int).result()
 atexit.register(print, "exit handler ran")
 print("unflushed", end="")
-end_program({code!r})
+end_program({outcome})
 print("went on")
 """
 
-# The abort, staged: rank 0 leaves a broadcast (from rank 1) to its gloo worker and ends. Its last exit handlers
-# (C functions, called straight from C) hold the GIL from 0.5 s to about 2.5 s, while the broadcast lands at 1 s:
-# the worker asks for the GIL then, and gets it in the shutdown, when SlowShutdown's __del__ sleeps. Ended by
-# Python (without end_program), rank 0 aborts there every time (torch 2.15, Python 3.11: "terminate called
-# without an active exception", -6); ended by end_program it exits 0.
+# The abort, staged: rank 0 leaves a broadcast (from rank 1, which sends it 0.5 s in) to its gloo worker and ends.
+# Its last exit handler, a C function called straight from C, holds the GIL from the start for longer than that
+# (COUNT is sized so by the test), so the worker asks for the GIL while Python is still alive and gets it only
+# in the shutdown, when SlowShutdown's __del__ sleeps. Ended by Python (sys.exit instead of end_program), rank 0
+# aborts there every time (checked by hand with torch 2.15, Python 3.11: "terminate called without an active
+# exception", -6); ended by end_program it exits 0.
 TWO_PROCESSES = """
 import atexit, sys, time
 rank = int(sys.argv[1])
 if rank == 0:
-    atexit.register(sum, range(200_000_000))  # registered first, run last
-    atexit.register(time.sleep, 0.5)
+    atexit.register(sum, range({count}))  # registered first, run last
 
 import torch
 import torch.distributed as dist
@@ -50,7 +55,7 @@ from project.toolkit.process_exit import end_program
 
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 if rank == 1:
-    time.sleep(1.0)
+    time.sleep(0.5)
     dist.broadcast(torch.zeros(4), 1)
 else:
     TENSOR = torch.ones(4)
@@ -61,11 +66,11 @@ else:
             sleep(1.0)
 
     SLOW = SlowShutdown()
-end_program(0)
+end_program(None)
 """
 
 
-def run_script(path: Path, *args: str) -> subprocess.Popen:
+def start_script(path: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(path), *args],
         cwd=REPO,
@@ -76,13 +81,37 @@ def run_script(path: Path, *args: str) -> subprocess.Popen:
     )
 
 
-@pytest.mark.parametrize("code, status, stderr", [(0, 0, ""), (None, 0, ""), (3, 3, ""), ("bad value", 1, "bad value")])
-def test_a_process_with_a_gloo_group_ends_with_its_code_after_its_exit_handlers(
-    tmp_path: Path, code: int | str | None, status: int, stderr: str
+def ended(process: subprocess.Popen) -> tuple[int, str, str]:
+    """The exit status, stdout and stderr of ``process``; killed if it has not ended within two minutes."""
+    try:
+        out, err = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        err += "\n(killed: still running after 120 s)"
+    return process.returncode, out, err
+
+
+@pytest.mark.parametrize(
+    "outcome, status, stderr",
+    [
+        ("None", 0, ""),  # the program returned
+        ("SystemExit(None)", 0, ""),
+        ("SystemExit(3)", 3, ""),
+        ("SystemExit(True)", 1, ""),
+        ("SystemExit('bad value')", 1, "bad value"),
+        ("SystemExit(2.5)", 1, "2.5"),
+        ("RuntimeError('boom')", 1, "RuntimeError: boom"),
+        ("KeyboardInterrupt()", 130, "KeyboardInterrupt"),
+    ],
+)
+def test_a_process_with_a_gloo_group_ends_as_python_would_after_its_exit_handlers(
+    tmp_path: Path, outcome: str, status: int, stderr: str
 ) -> None:
     script = tmp_path / "one.py"
-    script.write_text(ONE_PROCESS.format(port=free_port_below_ephemeral_range(), code=code))
-    out, err = run_script(script).communicate(timeout=120)
+    script.write_text(ONE_PROCESS.format(port=free_port_below_ephemeral_range(), outcome=outcome))
+    returncode, out, err = ended(start_script(script))
+    assert returncode == status, err
     assert out == "unflushedexit handler ran\n"  # flushed, the handler run, nothing after end_program
     assert err.strip() == stderr
 
@@ -90,39 +119,44 @@ def test_a_process_with_a_gloo_group_ends_with_its_code_after_its_exit_handlers(
 def test_a_process_without_a_gloo_group_goes_on(tmp_path: Path) -> None:
     script = tmp_path / "none.py"
     script.write_text("from project.toolkit.process_exit import end_program\nend_program(3)\nprint('went on')\n")
-    done = run_script(script)
-    out, _ = done.communicate(timeout=120)
-    assert (done.returncode, out) == (0, "went on\n")
+    returncode, out, err = ended(start_script(script))
+    assert (returncode, out) == (0, "went on\n"), err
+
+
+def count_summed_in(seconds: float) -> int:
+    """How many integers ``sum(range(n))`` adds up in about ``seconds`` on this machine."""
+    started = time.perf_counter()
+    sum(range(2_000_000))
+    return int(2_000_000 * seconds / (time.perf_counter() - started))
 
 
 @pytest.mark.slow
 def test_a_collective_that_lands_during_shutdown_cannot_abort_the_process(tmp_path: Path) -> None:
     script = tmp_path / "two.py"
-    script.write_text(TWO_PROCESSES.format(port=free_port_below_ephemeral_range()))
-    ranks = [run_script(script, str(rank)) for rank in (0, 1)]
-    ended = [(rank.wait(timeout=120), rank.communicate()[1]) for rank in ranks]
-    assert ended == [(0, ""), (0, "")]
+    script.write_text(TWO_PROCESSES.format(port=free_port_below_ephemeral_range(), count=count_summed_in(1.5)))
+    ranks = [ended(process) for process in [start_script(script, str(rank)) for rank in (0, 1)]]
+    assert [status for status, _, _ in ranks] == [0, 0], ranks
+    assert not any("terminate called" in err for _, _, err in ranks), ranks
 
 
-@pytest.mark.parametrize("ending, code", [("returns", 0), ("exits 2", 2)])
-def test_the_program_ends_through_end_program(monkeypatch: pytest.MonkeyPatch, ending: str, code: int) -> None:
-    """``python -m project fit ...`` (no ``args``) hands its exit code to end_program; a call from Python does not."""
+@pytest.mark.parametrize("outcome", [None, SystemExit(2), RuntimeError("boom")])
+def test_the_program_ends_through_end_program(monkeypatch: pytest.MonkeyPatch, outcome: BaseException | None) -> None:
+    """``python -m project fit ...`` (no ``args``) hands how it ended to end_program; a call from Python does not."""
 
     def cli_main(*args: object, **kwargs: object) -> str:
-        if ending == "exits 2":
-            raise SystemExit(2)
+        if outcome is not None:
+            raise outcome
         return "cli"
 
     ended = []
     monkeypatch.setattr("project.toolkit.cli.main", cli_main)
     monkeypatch.setattr(entry, "end_program", ended.append)
     monkeypatch.setattr(sys, "argv", ["project", "fit"])
-    with pytest.raises(SystemExit) if code else nullcontext():
-        entry.main()
-    assert ended == [code]
-    with pytest.raises(SystemExit) if code else nullcontext():
-        entry.main(["fit"])
-    assert ended == [code]  # not again
+    for args in (None, ["fit"]):
+        with pytest.raises(type(outcome)) if outcome else nullcontext():
+            entry.main(args)
+        assert ended == [outcome]  # once: not for the call with args
+    assert ended[0] is outcome
 
 
 def test_a_gloo_process_group_is_left_at_exit() -> None:

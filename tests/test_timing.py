@@ -299,8 +299,8 @@ def test_two_ddp_processes_report_every_rank(tiny_args: list[str], tmp_path: Pat
     assert [e["samples"] for e in report["epochs"]] == [60, 60]
     assert report["train_samples_per_second"] > 0
     assert result.stdout.count("Timing of fit") == 1  # printed by rank 0 only
-    # The process ended by os._exit (project/toolkit/process_exit.py), after its TensorBoard file was flushed:
-    # the last epoch's val/acc is in it.
+    # Ended by os._exit (project/toolkit/process_exit.py), the run's TensorBoard file is whole: the last
+    # epoch's val/acc is in it.
     (events,) = (tmp_path / "lightning_logs" / "version_0").glob("events.out.tfevents.*")
     accumulator = EventAccumulator(str(events))
     accumulator.Reload()

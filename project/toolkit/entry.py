@@ -42,8 +42,8 @@ def main(args: list[str] | None = None, model: str = "", data: str = "") -> Any:
         return cli_main(argv, model=model, data=data)
     try:
         cli = cli_main(None, model=model, data=data)  # None: LightningCLI reads sys.argv itself, without a warning
-    except SystemExit as done:
-        end_program(done.code)  # returns unless the process has a gloo group (project/toolkit/process_exit.py)
+    except BaseException as outcome:
+        end_program(outcome)  # returns unless the process has a gloo group (project/toolkit/process_exit.py)
         raise
-    end_program(0)
+    end_program(None)
     return cli

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import sys
 import threading
@@ -39,19 +40,36 @@ def leave_gloo_process_group() -> None:
         sys.modules["torch.distributed"].destroy_process_group()
 
 
-def end_program(code: int | str | None) -> None:
-    """End ``python -m project`` with ``code`` (``SystemExit``'s meaning) now, if this process has a gloo group:
-    join the program's own threads, run the exit handlers, flush, ``os._exit``. Returns where there is none."""
+def exit_status(code: object) -> int:
+    """The status Python exits with for ``SystemExit(code)``, printing ``code`` where Python would."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def end_program(outcome: BaseException | None) -> None:
+    """End ``python -m project`` now, if this process has a gloo group, as Python would have ended it after
+    ``outcome`` (None: the program returned; a ``SystemExit``; another exception, printed as Python prints it,
+    status 1, or 130 for Ctrl-C as a shell reports it). Python's own order up to its shutdown: the threading
+    module's exit callbacks and the join of non-daemon threads, then the exit handlers; then the output is
+    flushed and the process ends (``os._exit``). Returns where the process has no gloo group."""
     if not in_gloo_process_group():
         return
-    if isinstance(code, str):  # as Python does with SystemExit("message")
-        print(code, file=sys.stderr)
-        code = 1
-    for thread in threading.enumerate():  # Python joins non-daemon threads before its exit handlers
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    if outcome is None:
+        status = 0
+    elif isinstance(outcome, SystemExit):
+        status = exit_status(outcome.code)
+    else:
+        sys.excepthook(type(outcome), outcome, outcome.__traceback__)
+        status = 130 if isinstance(outcome, KeyboardInterrupt) else 1
+    threading._shutdown()  # noqa: SLF001 - e.g. stops idle ThreadPoolExecutor workers, which a join would wait on
     atexit._run_exitfuncs()  # noqa: SLF001 - the handlers Python would run, while it is fully alive
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing left to flush
             stream.flush()
-    os._exit(code or 0)
+    with contextlib.suppress(OSError, AttributeError):  # C's own buffers (native libraries' printf)
+        ctypes.CDLL(None).fflush(None)
+    os._exit(status)
