@@ -3,7 +3,6 @@ handlers, its output flushed, and never by an abort when a gloo worker lets go o
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -73,8 +72,7 @@ end_program(None)
 def start_script(path: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(path), *args],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,  # PYTHONPATH names the repository already (tests/conftest.py)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

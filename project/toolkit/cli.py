@@ -81,7 +81,7 @@ from project.toolkit.preflight import (
 )
 from project.toolkit.process_exit import leave_gloo_process_group
 from project.toolkit.run_dirs import arrange_run_folder, runs_root
-from project.toolkit.run_settings import TRAINER_SWITCHES, callbacks_switched_off, derive_settings
+from project.toolkit.run_settings import callbacks_switched_off, derive_settings
 from project.toolkit.strategies import name_help, register_strategies
 from project.toolkit.strategies.deepspeed import (
     check_deepspeed_choice,
@@ -143,6 +143,11 @@ WORKS_IN: dict[str, set[str]] = {
 }
 
 
+def left_out_of(command: str) -> set[str]:
+    """The default callbacks with no work in ``command`` (:data:`WORKS_IN`)."""
+    return {name for name, commands in WORKS_IN.items() if command not in commands}
+
+
 class ProjectCLI(LightningCLI):
     """LightningCLI with the template's callbacks, checks and run folders. The data set is chosen by
     ``--data=package.module.Class`` (LightningCLI's subclass mode), its default given by the caller
@@ -153,7 +158,6 @@ class ProjectCLI(LightningCLI):
         # What a checkpoint's settings put back once LightningCLI has read it (adopt_checkpoint_settings);
         # nothing without a checkpoint.
         self._restore_run_options: Callable[[Any], None] = lambda config: None
-        self._idle_callbacks: set[str] = set()  # the default callbacks this command leaves out (WORKS_IN)
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -222,8 +226,7 @@ class ProjectCLI(LightningCLI):
         if data_args is not None and isinstance(data_args.get("image_size"), int):
             check_batch_fits_memory(data_args.image_size, data_args.get("batch_size") or 1, data_in_channels(data))
         warn_cpu_oversubscription(trainer.get("devices"), trainer.get("accelerator"), torch.cuda.is_available())
-        self._idle_callbacks = {name for name, commands in WORKS_IN.items() if self.subcommand not in commands}
-        switched_off = callbacks_switched_off(config, list(DEFAULT_CALLBACKS)) | self._idle_callbacks
+        switched_off = callbacks_switched_off(config, list(DEFAULT_CALLBACKS)) | left_out_of(self.subcommand)
         for parser in self.callback_parsers:  # the instantiated callbacks the Trainer is given
             parser.callback_keys[:] = [key for key in parser.callback_keys if key not in switched_off]
         config_filename = arrange_run_folder(self.subcommand, config)
@@ -240,15 +243,11 @@ class ProjectCLI(LightningCLI):
             raise project_error_within(err) or ProjectError(one_line(str(err))) from None
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
-        # The template's model summary replaces Lightning's default one: say so to the Trainer, which
-        # otherwise logs that it skips its own on every command.
-        if "model_summary" in self._parser(self.subcommand).callback_keys:
+        # The template's model summary replaces Lightning's default one (the Trainer otherwise logs that it skips
+        # its own on every command), and where it is left out (WORKS_IN), Lightning's is not put in its place.
+        held_or_left_out = {*self._parser(self.subcommand).callback_keys, *left_out_of(self.subcommand)}
+        if "model_summary" in held_or_left_out:
             kwargs.setdefault("enable_model_summary", False)
-        # A callback left out of this command (WORKS_IN): its Trainer flag off too, or Lightning would add a
-        # callback of its own in its place (its ModelCheckpoint, its ModelSummary). Not written into the config.
-        for flag, name in TRAINER_SWITCHES.items():
-            if name in self._idle_callbacks:
-                kwargs[flag] = False
         return super().instantiate_trainer(**kwargs)
 
     def _run_subcommand(self, subcommand: str) -> None:
