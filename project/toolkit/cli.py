@@ -59,6 +59,7 @@ from project.toolkit.callbacks.checkpoints import (
 from project.toolkit.callbacks.estimate import CpuTimeEstimate
 from project.toolkit.callbacks.guards import FiniteLossGuard, LostRankWatchdog, out_of_memory_message
 from project.toolkit.callbacks.host_memory import HostMemoryReuse
+from project.toolkit.callbacks.idle_hooks import SkipIdleHooks
 from project.toolkit.callbacks.predictions import PredictionWriter
 from project.toolkit.callbacks.progress import ProgressBar
 from project.toolkit.callbacks.quiet import LogEveryEpoch, ModelSummaryWithFlops, silence_known_noise
@@ -118,6 +119,7 @@ DEFAULT_CALLBACKS: dict[str, type[Callback]] = {
     "log_every_epoch": LogEveryEpoch,
     "cpu_time_estimate": CpuTimeEstimate,
     "host_memory_reuse": HostMemoryReuse,
+    "skip_idle_hooks": SkipIdleHooks,
     "run_summary": RunSummary,  # after timing: it names the timing.json written at the same hook
 }
 
