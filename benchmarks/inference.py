@@ -9,11 +9,13 @@ side, ``lightning`` (:mod:`benchmarks.lightning_loop`), runs the plain loop's st
 evaluation loop with nothing of the template's: its ratio to the plain loop is the part of the
 template's cost that is Lightning's own, which no option of the template removes.
 
-Each of ``--repeats`` sessions per case is a fresh process that runs plain, lightning, template,
-template, lightning, plain (:mod:`benchmarks.paired`, which says why the sides share a process); a
-session's ratio is the template's mean speed over the plain loop's, the headline ratio the median over
-the sessions, each session's ratio shown beside it: how far they spread is how well the run resolves the
-ratio. All sides leave the first 3 batches out (the TimingCallback's ``warmup_iterations``).
+Each of ``--repeats`` sessions per case is a fresh process that runs every side twice, there and back
+(plain, lightning, template, template, lightning, plain), the order rotated from one session to the next
+(:mod:`benchmarks.paired`, which says why the sides share a process and why the order rotates; a multiple of
+3 sessions gives each side each place equally often); a session's ratio is the template's mean speed over
+the plain loop's, the headline ratio :func:`benchmarks._common.balanced` over the sessions (the median over
+rounds of three of each round's mean), each session's ratio shown beside it: how far they spread is how
+well the run resolves the ratio. All sides leave the first 3 batches out (the TimingCallback's ``warmup_iterations``).
 
 All sides are stamped at the same instants (the template and the lightning side by the observer callback
 ``project.toolkit.measure.stamps.StepStamps``, at its ``on_*_batch_start`` / ``on_*_batch_end`` hooks):
@@ -60,10 +62,10 @@ from benchmarks._common import (
     eval_latency,
     eval_step_cycle,
     machine,
-    medians_by_clock,
     on,
     parse,
     publish_comparison,
+    ratios_by_clock,
     run_sessions,
 )
 from project.toolkit.measure.tables import number
@@ -145,7 +147,7 @@ def measure(
     entry["runs"], entry["sessions"] = run_sessions(
         stage, setup, folder, args.threads, args.repeats, figures, ratios, batch
     )
-    entry.update(medians_by_clock(entry["sessions"], "{clock}"))
+    entry.update(ratios_by_clock(entry["sessions"], "{clock}"))
     entry["ratio"] = entry[f"{args.clock}_ratio"]
     return entry
 

@@ -16,16 +16,18 @@ SGD and warm-up + cosine schedule, for the same number of steps:
   nothing of the template's. Its ratio to the plain loop is the part of the template's cost that is
   Lightning's own, which no option of the template removes.
 
-Each of ``--repeats`` sessions is a fresh process that runs plain, lightning, template, template,
-lightning, plain (:mod:`benchmarks.paired`, which says why the sides share a process). Everything is over
-the epochs after the first (warm-up):
+Each of ``--repeats`` sessions is a fresh process that runs every side twice, there and back (plain,
+lightning, template, template, lightning, plain), the order rotated from one session to the next
+(:mod:`benchmarks.paired`, which says why the sides share a process and why the order rotates; a multiple
+of 3 sessions gives each side each place equally often). Everything is over the epochs after the first
+(warm-up):
 
 - throughput (images/s): the batch size over the median step cycle -- end of one training batch to
   the end of the next, so it includes all the per-step work of each side (loading, forward, backward,
   optimizer, logging, metrics, callbacks, progress bar). A session's ratio is the template's mean speed
-  over the plain loop's; the headline ratio is the median over the sessions, each session's ratio shown
-  next to it: how far they spread is how well the run resolves the ratio. The speeds shown are the
-  median over each side's runs;
+  over the plain loop's; the headline ratio is :func:`benchmarks._common.balanced` over the sessions (the
+  median over rounds of three of each round's mean), each session's ratio shown next to it: how far they
+  spread is how well the run resolves the ratio. The speeds shown are the median over each side's runs;
 - epoch ratio: the same ratio from whole epochs as ``timing.json`` computes them
   (``train_samples_per_second``: an epoch from its start to its last step) -- what a user sees, but
   on a shared machine as noisy as the load;
@@ -49,13 +51,14 @@ from benchmarks._common import (
     CLOCKS,
     SIDES,
     Setup,
+    balanced,
     common_arguments,
     epoch_throughput,
     machine,
-    medians_by_clock,
     on,
     parse,
     publish_comparison,
+    ratios_by_clock,
     run_sessions,
     steady_epoch_wall,
     steady_step_cycle,
@@ -90,14 +93,14 @@ def measure(setup: Setup, repeats: int, threads: int, work: Path, clock: str) ->
     folder = work / setup.label.replace(" ", "-")
     runs, sessions = run_sessions("fit", setup, folder, threads, repeats, figures, ratios)
     result: dict[str, Any] = {"case": setup.label, "setup": setup.__dict__, "runs": runs, "sessions": sessions}
-    result.update(medians_by_clock(sessions, "{clock}_images_per_second"))
+    result.update(ratios_by_clock(sessions, "{clock}_images_per_second"))
     for key in (f"{c}_images_per_second" for c in CLOCKS):
         result.update({f"{side}_{key}": statistics.median(r[key] for r in runs[side]) for side in SIDES})
     walls = {side: statistics.median(r["epoch_wall_seconds"] for r in runs[side]) for side in ("plain", "template")}
     result.update(
         {
             "ratio": result[f"{clock}_ratio"],
-            "epoch_ratio": statistics.median(ratio["epoch_images_per_second"] for ratio in sessions),
+            "epoch_ratio": balanced([ratio["epoch_images_per_second"] for ratio in sessions]),
             "plain_epoch_wall_seconds": walls["plain"],
             "template_epoch_wall_seconds": walls["template"],
             "extra_seconds_per_epoch": walls["template"] - walls["plain"],

@@ -2,8 +2,8 @@
 
 ``python -m benchmarks.paired '<json spec>' FOLDER`` (started by :func:`benchmarks._common.session`) runs
 the spec's stage (``fit``, ``test`` or ``predict``) on its setup in this process, each side twice, in the
-order of :data:`ORDER`, and writes each side's results, in the order they ran, to
-``FOLDER/session.json``. The sides:
+order :func:`order` gives for the spec's ``rotation``, and writes each side's results, in the order they ran,
+to ``FOLDER/session.json``. The sides:
 
 - ``plain``: the plain PyTorch loops of :mod:`benchmarks.plain`;
 - ``lightning``: Lightning's loop around the plain loop's steps (:mod:`benchmarks.lightning_loop`), which
@@ -17,10 +17,18 @@ luck (where its memory happens to lie, which core it gets); with each side in pr
 last round's repeats of one side differed by 4-14 %, more than the 2 % to be resolved. Within one process
 the sides' runs move together: a side's repeats still differ by 1-4 % as the machine drifts, but an
 order that runs back the way it came cancels a steady drift, and the sessions' ratios spread by a point
-or two. Process-wide settings are made once, before the first run, as the template makes them, so every
+or two. What such an order does not cancel is the place a run has in its session: in the two readings before
+the order rotated (16 cases, order plain, lightning, template, template, lightning, plain), the runs in the
+first and last places averaged 0.2-2 % above their session's mean and those in the two middle places up to
+2 % below it, in 15 of the 16 cases -- the places the template always held, so a fixed order cannot tell
+what the place costs from what the side costs. The sessions therefore rotate the order (:func:`order`):
+over every three, each side runs once in each pair of places, and
+:func:`benchmarks._common.ratios_by_clock` averages within such rounds.
+
+Process-wide settings are made once, before the first run, as the template makes them, so every
 side runs under the same (freed host memory reused on a CPU, cuDNN autotuning on a GPU); with
 ``--model.compile=true`` dynamo's caches are emptied before each run, so every side compiles afresh. A
-session's first run (the plain loop's) pays the process's one-off costs -- the imports, the first
+session's first run pays the process's one-off costs -- the imports, the first
 network's allocations -- in its first epoch or first batches, which no figure counts.
 """
 
@@ -37,7 +45,19 @@ from benchmarks._common import SIDES, Setup, template_arguments, template_result
 from benchmarks.lightning_loop import lightning_fit, lightning_infer
 from benchmarks.plain import plain_fit, plain_infer, reuse_freed_host_memory
 
-ORDER = (*SIDES, *reversed(SIDES))  # each side twice, there and back
+
+def order(rotation: int) -> tuple[str, ...]:
+    """The order of a session's runs: each side twice, there and back (which cancels a steady drift),
+    starting from side ``rotation`` (mod 3) of :data:`SIDES`, so that three sessions in a row put each side
+    once in each pair of places (first and last, second and fifth, the two middle ones).
+
+    >>> order(0), order(1)
+    (('plain', 'lightning', 'template', 'template', 'lightning', 'plain'), \
+('lightning', 'template', 'plain', 'plain', 'template', 'lightning'))
+    """
+    start = rotation % len(SIDES)
+    sides = SIDES[start:] + SIDES[:start]
+    return (*sides, *reversed(sides))
 
 
 def run_side(side: str, stage: str, setup: Setup, folder: Path, batch_size: int | None) -> dict[str, Any]:
@@ -60,7 +80,8 @@ def run_side(side: str, stage: str, setup: Setup, folder: Path, batch_size: int 
 
 
 def main(spec: str, folder: str) -> None:
-    """Run the session ``spec`` (``{"stage", "setup", "batch_size"}``) and write ``folder/session.json``."""
+    """Run the session ``spec`` (``{"stage", "setup", "batch_size", "rotation"}``) and write
+    ``folder/session.json``."""
     options = json.loads(spec)
     setup = Setup(**options["setup"])
     # Process-wide, as the template sets them (its host_memory_reuse callback; cuDNN autotuning, which its
@@ -68,7 +89,7 @@ def main(spec: str, folder: str) -> None:
     reuse_freed_host_memory(setup)
     torch.backends.cudnn.benchmark = True
     results: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
-    for number, side in enumerate(ORDER):
+    for number, side in enumerate(order(options["rotation"])):
         run = run_side(side, options["stage"], setup, Path(folder) / f"{number}-{side}", options["batch_size"])
         results[side].append(run)
     Path(folder, "session.json").write_text(json.dumps(results))
