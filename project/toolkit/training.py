@@ -49,3 +49,9 @@ class SampleMean(MeanMetric):
         # __setattr__, about a microsecond each on a CPU, twice per update, every step.
         self.mean_value.add_(values.detach().sum(dtype=self.mean_value.dtype))
         self.weight.add_(values.numel())  # a Python number: no host-to-device copy
+
+    def reset(self) -> None:
+        # Ordinary tensors even where an evaluation epoch ends under inference mode: torch refuses to update an
+        # inference tensor in place outside that mode, where the next updates may come (a fit after a validate).
+        with torch.inference_mode(False):
+            super().reset()

@@ -1,0 +1,42 @@
+"""SampleMean: the exact mean over every sample of every batch, kept usable across the modes Lightning's
+loops run in (training with gradients, evaluation under inference mode)."""
+
+from __future__ import annotations
+
+import torch
+
+from project.toolkit.training import SampleMean
+
+
+def test_every_sample_weighs_the_same_whatever_the_batch_sizes() -> None:
+    mean = SampleMean()
+    mean.update(torch.tensor([1.0, 2.0, 3.0]))
+    mean.update(torch.tensor([10.0]))
+    assert mean.compute().item() == (1 + 2 + 3 + 10) / 4
+
+
+def test_hits_count_as_ones_and_zeros() -> None:
+    mean = SampleMean()
+    mean.update(torch.tensor([True, False, True, True]))
+    assert mean.compute().item() == 0.75
+
+
+def test_reset_under_inference_mode_leaves_it_usable_outside() -> None:
+    # An evaluation epoch ends (and resets its metrics) under inference mode; the next updates may come
+    # outside it, where torch refuses to update an inference tensor in place.
+    mean = SampleMean()
+    with torch.inference_mode():
+        mean.update(torch.tensor([5.0]))
+        mean.reset()
+    mean.update(torch.tensor([1.0, 3.0]))
+    assert mean.compute().item() == 2.0
+    with torch.inference_mode():
+        mean.update(torch.tensor([8.0]))
+    assert mean.compute().item() == 4.0
+
+
+def test_an_update_from_a_loss_with_gradients_does_not_track_them() -> None:
+    mean = SampleMean()
+    loss = (torch.ones(3, requires_grad=True) * 2).mean()
+    mean.update(loss.expand(3))
+    assert mean.compute().item() == 2.0 and not mean.compute().requires_grad
