@@ -10,7 +10,7 @@ from project.toolkit.host_memory import DEFAULT_TRIM_THRESHOLD_MB, keep_freed_ho
 
 class HostMemoryReuse(Callback):
     """On a CPU run, tells glibc's allocator to keep freed memory for the next tensor instead of giving
-    it back to the kernel and faulting it in again: at the default 112 px a CPU trains 1.5x and tests
+    it back to the kernel and faulting it in again: at the default 112 px a CPU trains 1.4x and tests
     3x faster. The run's peak resident memory then stays held until it ends.
     ``timing.json``'s ``environment.host_allocator`` says what was set. Runs on an accelerator are left as
     they are: their activations live in its memory, under its own allocator.
