@@ -108,6 +108,23 @@ def test_a_hook_set_on_the_callback_itself_is_kept(tmp_path: Any) -> None:
     assert seen == [0, 1, 2]
 
 
+class SetsItsHookLater(Callback):
+    """Gives itself a batch hook when the fit starts, after SkipIdleHooks has looked."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def on_fit_start(self, trainer: Trainer, pl_module: Any) -> None:
+        self.on_train_batch_end = lambda trainer, module, outputs, batch, batch_idx: self.seen.append(batch_idx)
+
+
+def test_a_hook_a_callback_sets_itself_during_the_run_runs_and_is_kept(tmp_path: Any) -> None:
+    later = SetsItsHookLater()
+    run([SkipIdleHooks(), later], tmp_path)
+    assert later.seen == [0, 1, 2]
+    assert callable(vars(later)["on_train_batch_end"])  # the end of the run left it alone
+
+
 class Failing(BoringModel):
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         if batch_idx == 1:

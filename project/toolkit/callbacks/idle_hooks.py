@@ -59,6 +59,8 @@ class SkipIdleHooks(Callback):
 
     def _restore(self) -> None:
         for callback, names in self._skipped:
+            own = vars(callback)
             for name in names:
-                vars(callback).pop(name, None)
+                if name in own and own[name] is None:  # not a hook the callback has set on itself since
+                    del own[name]
         self._skipped = []
