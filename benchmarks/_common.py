@@ -234,20 +234,25 @@ def run_sessions(
     return runs, each
 
 
-ROUND = 3  # sessions in which each side runs once in each pair of places (benchmarks.paired.order)
+ROUND = len(SIDES)  # sessions in which each side runs once in each pair of places (benchmarks.paired.order)
 
 
 def balanced(ratios: list[float]) -> float:
     """One ratio from sessions run in rotated orders (:func:`run_sessions`): the median over rounds of
     :data:`ROUND` sessions in a row of each round's mean. Within a round each side runs once in each pair of
     places, so the mean cancels what the places cost; the median over rounds keeps one disturbed round from
-    moving the figure. A last, incomplete round counts as one too.
+    moving the figure. Sessions after the last whole round are left out, as they would tilt it; with no whole
+    round, the mean of all.
 
     >>> balanced([0.96, 0.99, 0.99, 0.90, 1.0, 1.0, 0.97, 0.98, 0.99])  # round means 0.98, 0.9667, 0.98
     0.98
+    >>> balanced([0.96, 0.99, 0.99, 0.50]), balanced([0.96, 0.98])  # the lone fourth left out; no whole round
+    (0.98, 0.97)
     """
-    means = [statistics.fmean(ratios[start : start + ROUND]) for start in range(0, len(ratios), ROUND)]
-    return statistics.median(means)
+    whole = len(ratios) - len(ratios) % ROUND
+    if not whole:
+        return statistics.fmean(ratios)
+    return statistics.median(statistics.fmean(ratios[start : start + ROUND]) for start in range(0, whole, ROUND))
 
 
 def ratios_by_clock(each: list[dict[str, float]], template: str) -> dict[str, Any]:
@@ -351,8 +356,8 @@ def publish_comparison(
     ratios = worst[f"{args.clock}_session_ratios"]
     headline = (
         f"{name}: min template/plain {what} ratio {worst['ratio']:.3f} on the {args.clock} clock ({worst['case']}; "
-        f"{len(ratios)} sessions in rotated orders, rounds of {ROUND} averaged, the median over rounds; the sessions "
-        f"gave {min(ratios):.3f} to {max(ratios):.3f}); "
+        f"{len(ratios)} sessions in rotated orders, rounds of {ROUND} averaged, the median over whole rounds; "
+        f"the sessions gave {min(ratios):.3f} to {max(ratios):.3f}); "
         f"goal >= {goal}: {status}"
     )
     seconds = time.perf_counter() - started

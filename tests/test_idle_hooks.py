@@ -3,6 +3,7 @@ still calls every hook with work, and the callbacks get their hooks back when th
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,7 +48,7 @@ class Busy(Callback):
         self.batches["test"] += 1
 
 
-def run(callbacks: list[Callback], tmp_path: Any, model: BoringModel | None = None) -> Recording:
+def run(callbacks: list[Callback], tmp_path: Path, model: BoringModel | None = None) -> Recording:
     profiler = Recording()
     trainer = Trainer(
         max_epochs=1,
@@ -72,7 +73,7 @@ def dispatched(profiler: Recording, callback: Callback, hook: str) -> int:
     return profiler.actions.count(f"[Callback]{callback.state_key}.{hook}")
 
 
-def test_idle_hooks_are_not_dispatched_and_busy_ones_are(tmp_path: Any) -> None:
+def test_idle_hooks_are_not_dispatched_and_busy_ones_are(tmp_path: Path) -> None:
     idle, busy = Idle(), Busy()
     profiler = run([SkipIdleHooks(), idle, busy], tmp_path)
     assert busy.batches == {"train": 3, "test": 2}
@@ -85,21 +86,21 @@ def test_idle_hooks_are_not_dispatched_and_busy_ones_are(tmp_path: Any) -> None:
     assert dispatched(profiler, idle, "on_train_epoch_start") == 1
 
 
-def test_without_it_lightning_dispatches_every_hook(tmp_path: Any) -> None:
+def test_without_it_lightning_dispatches_every_hook(tmp_path: Path) -> None:
     idle = Idle()
     profiler = run([idle], tmp_path)
     assert dispatched(profiler, idle, "on_train_batch_start") == 3
     assert dispatched(profiler, idle, "on_test_batch_end") == 2
 
 
-def test_the_callbacks_get_their_hooks_back_after_the_run(tmp_path: Any) -> None:
+def test_the_callbacks_get_their_hooks_back_after_the_run(tmp_path: Path) -> None:
     idle = Idle()
     run([SkipIdleHooks(), idle], tmp_path)
     assert not any(hook in vars(idle) for hook in PER_BATCH_HOOKS)
     assert all(callable(getattr(idle, hook)) for hook in PER_BATCH_HOOKS)
 
 
-def test_a_hook_set_on_the_callback_itself_is_kept(tmp_path: Any) -> None:
+def test_a_hook_set_on_the_callback_itself_is_kept(tmp_path: Path) -> None:
     seen: list[int] = []
     own = Idle()
     own.on_train_batch_end = lambda trainer, module, outputs, batch, batch_idx: seen.append(batch_idx)
@@ -118,7 +119,7 @@ class SetsItsHookLater(Callback):
         self.on_train_batch_end = lambda trainer, module, outputs, batch, batch_idx: self.seen.append(batch_idx)
 
 
-def test_a_hook_a_callback_sets_itself_during_the_run_runs_and_is_kept(tmp_path: Any) -> None:
+def test_a_hook_a_callback_sets_itself_during_the_run_runs_and_is_kept(tmp_path: Path) -> None:
     later = SetsItsHookLater()
     run([SkipIdleHooks(), later], tmp_path)
     assert later.seen == [0, 1, 2]
@@ -132,7 +133,7 @@ class Failing(BoringModel):
         return super().training_step(batch, batch_idx)
 
 
-def test_the_hooks_come_back_after_an_exception(tmp_path: Any) -> None:
+def test_the_hooks_come_back_after_an_exception(tmp_path: Path) -> None:
     idle = Idle()
     with pytest.raises(ValueError, match="stop here"):
         run([SkipIdleHooks(), idle], tmp_path, model=Failing())
