@@ -47,11 +47,8 @@ class SkipIdleHooks(Callback):
         # (configure_callbacks), which Lightning adds before it calls setup.
         for callback in trainer.callbacks:
             names = idle_hooks(callback)
-            try:
-                for name in names:
-                    setattr(callback, name, None)
-            except AttributeError:  # a callback that refuses new attributes (a frozen dataclass): left as it is
-                names = [name for name in names if name in vars(callback)]
+            for name in names:  # (Lightning itself sets attributes on every callback: each takes new ones)
+                setattr(callback, name, None)
             self._skipped.append((callback, names))
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
