@@ -48,10 +48,18 @@ def probe_after_fit(
         return None
     shape, stride, dtype = like
     prepare = getattr(pl_module, "prepare_images", lambda x: x)
+    # on_fit_end runs after the strategy's teardown, which has moved the module back to the CPU (a GPU
+    # fit's blocks then met CUDA images with CPU weights): the probe takes it to the fit's device and back.
+    home = next(pl_module.parameters(), torch.empty(0)).device
+    pl_module.to(device)
     # The random images are drawn from generators put back after: the run's draws stay as they were.
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad():
-        images = torch.empty_strided(shape, stride, dtype=dtype, device=device).normal_()
-        return block_seconds([b.module for b in blocks], images, prepare, SyncingClock(synchronizer(device)).mark)
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad():
+            images = torch.empty_strided(shape, stride, dtype=dtype, device=device).normal_()
+            clock = SyncingClock(synchronizer(device)).mark
+            return block_seconds([b.module for b in blocks], images, prepare, clock)
+    finally:
+        pl_module.to(home)
 
 
 def block_seconds(
