@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
@@ -34,7 +35,7 @@ from project.toolkit.strategies import (
 )
 from project.toolkit.strategies.blocks import module_blocks
 from project.toolkit.strategies.dp import NetWithLoss
-from project.toolkit.strategies.fsdp import shard_network
+from project.toolkit.strategies.fsdp import evaluate_under_no_grad, shard_network
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -429,3 +430,51 @@ def test_the_template_module_meets_the_contract() -> None:
         check_module(model, name)
     with pytest.raises(ProjectError, match="--trainer.strategy=fsdp needs"):
         check_module(WithoutNet(), "fsdp")
+
+
+class RecordsInferenceMode(BoringModel):
+    """Which evaluation steps ran under ``torch.inference_mode``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, bool] = {}
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        self.seen[self.trainer.state.fn.value] = torch.is_inference_mode_enabled()
+        return super().validation_step(batch, batch_idx)
+
+    def test_step(self, batch: Any, batch_idx: int) -> Any:
+        self.seen["test"] = torch.is_inference_mode_enabled()
+        return super().test_step(batch, batch_idx)
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        self.seen["predict"] = torch.is_inference_mode_enabled()
+        return super().predict_step(batch, batch_idx, dataloader_idx)
+
+
+@pytest.mark.parametrize("no_grad", [False, True])
+def test_fsdp_evaluates_under_no_grad_in_every_loop(tmp_path: Path, no_grad: bool) -> None:
+    """FSDP2 on one GPU failed in test under inference mode; the fsdp strategy's setup switches every loop to
+    no_grad. A CPU run without a process group shows Lightning's choice (a gloo run always gets no_grad)."""
+    trainer = Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=1,
+        limit_val_batches=1,
+        limit_test_batches=1,
+        limit_predict_batches=1,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    if no_grad:
+        evaluate_under_no_grad(trainer)
+    model = RecordsInferenceMode()
+    trainer.fit(model)
+    trainer.validate(model, verbose=False)
+    trainer.test(model, verbose=False)
+    trainer.predict(model)
+    assert model.seen == {"fit": False, **dict.fromkeys(("validate", "test", "predict"), not no_grad)}

@@ -74,6 +74,20 @@ def describe_units(units: list[dict[str, Any]], processes: int) -> str:
     return "\n".join([*lines, f"  {line}"])
 
 
+def evaluate_under_no_grad(trainer: pl.Trainer) -> None:
+    """Make ``trainer``'s validate, test and predict loops run under ``torch.no_grad`` instead of
+    ``torch.inference_mode`` (Lightning's validation inside fit already does).
+
+    FSDP2 keeps the buffers it gathers a unit's parameters into, and writes into them in place. Made under
+    inference mode, they are inference tensors: on one GPU, ``test`` failed at its first forward ("Inference
+    tensors do not track version counter", torch 2.11, an H100), and newer torch refuses the next in-place
+    write outside inference mode. Lightning evaluates its own ``FSDPStrategy`` under
+    ``no_grad`` for this reason (pytorch#95957), and every gloo run too, so a CPU run never meets it.
+    """
+    for loop in (trainer.validate_loop, trainer.test_loop, trainer.predict_loop):
+        loop.inference_mode = False
+
+
 class FullyShardedStrategy(ModelParallelStrategy):
     """FSDP2 across all processes of the run, registered as ``fsdp``.
 
@@ -97,6 +111,7 @@ class FullyShardedStrategy(ModelParallelStrategy):
         super().setup_environment()
 
     def setup(self, trainer: pl.Trainer) -> None:
+        evaluate_under_no_grad(trainer)
         # After the module's configure_model (which may compile the network in place) and before the
         # optimizers are built, so that they hold the sharded parameters.
         module = self.lightning_module
