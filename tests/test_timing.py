@@ -466,3 +466,29 @@ def test_an_injected_peak_gives_the_mfu(tmp_path: Path, tiny_args: list[str]) ->
     assert report["peak_tflops"] == 0.5
     # both figures are rounded to 6 decimals in timing.json
     assert report["mfu"] == pytest.approx(report["train_tflops_per_second"] / 0.5, abs=2e-6)
+
+
+class SlowFirstOfEachSize(Sleepy):
+    """A test step that takes ``TEST_STEP_S`` but 10x as long for the first batch of each size, as a GPU's
+    cuDNN autotuning makes it for a new shape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: set[int] = set()
+
+    def test_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        slow = len(batch) not in self.sizes
+        self.sizes.add(len(batch))
+        sleep(TEST_STEP_S * (10 if slow else 1), self.slept["test"])
+
+
+def test_the_first_batch_of_a_new_size_is_left_out_of_the_inference_figures(tmp_path: Path) -> None:
+    callback = TimingCallback(warmup_iterations=1)
+    trainer = sleepy_trainer(tmp_path, callback, logger=False)
+    model = SlowFirstOfEachSize()
+    trainer.test(model, DataLoader(Vectors(3 * BATCH_SIZE + 2), batch_size=BATCH_SIZE))  # batches of 8, 8, 8, 2
+    report = callback.report
+    measured = model.slept["test"][1:3]  # the warm-up and the last batch (2 images, a new size) left out
+    assert report["test_batches_measured"] == 2 and report["test_samples_measured"] == 2 * BATCH_SIZE
+    assert_covers(report["test_batch_latency_ms"]["mean"] / 1000, statistics.fmean(measured))
+    assert_covers(2 * BATCH_SIZE / report["test_samples_per_second"], sum(measured), 2)
