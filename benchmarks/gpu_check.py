@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -507,34 +508,54 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--paths", help=f"comma-separated subset of: {', '.join(path_names())}")
     parser.add_argument("--runs", type=Path, help="keep the runs in this folder (default: a temporary one)")
     parser.add_argument("--timeout-minutes", type=float, default=10.0, help="per command (default 10)")
+    # Most of a check is a process starting and finishing (imports, CUDA, cuDNN's autotuning, the timing
+    # after the fit): a GPU runs several such processes at once without one slowing another much.
+    parser.add_argument("--jobs", type=int, default=1, help="paths run at a time (default 1)")
     parser.add_argument("--timing-batches", type=int, default=50, help="batches per epoch of timing-cost (50)")
     parser.add_argument("--timing-epochs", type=int, default=4, help="long run of timing-cost, >= 2 (4)")
     args = parser.parse_args(argv)
     if args.timing_epochs < 2 or args.timing_batches < 2:
         parser.error("--timing-epochs and --timing-batches must be >= 2")
+    if args.jobs < 1:
+        parser.error(f"--jobs={args.jobs}: it must be >= 1")
     return args
 
 
-def run_all(names: list[str], runs: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+def run_chain(chain: list[str], runs: Path, timeout_s: float) -> list[dict[str, Any]]:
+    """A path and the paths that continue it (``after``), one after the other; a continuing path is
+    skipped when the one it continues did not pass."""
     paths = {p.name: p for p in check_paths()}
-    timeout_s = args.timeout_minutes * 60
     results: list[dict[str, Any]] = []
-    for i, name in enumerate(names, 1):
-        print(f"[{i}/{len(names)}] {name}: running", flush=True)
-        if name == TIMING_COST:
-            result = timing_cost(runs / name, timeout_s, args.timing_batches, args.timing_epochs)
+    for name in chain:
+        path = paths[name]
+        base = next((r for r in results if r["name"] == path.after), None)
+        if base is not None and base["status"] != "pass":
+            result = {"name": name, "what": path.what, "commands": [], "figures": {}, "status": "skip"}
+            result["reason"] = f"needs {path.after}, which did not pass"
         else:
-            path = paths[name]
-            base = next((r for r in results if r["name"] == path.after), None)
-            if base is not None and base["status"] != "pass":
-                result = {"name": name, "what": path.what, "commands": [], "figures": {}, "status": "skip"}
-                result["reason"] = f"needs {path.after}, which did not pass"
-            else:
-                result = run_path(path, runs / (path.after or name), timeout_s)
+            result = run_path(path, runs / (path.after or name), timeout_s)
         detail = f" ({result['reason']})" if result.get("reason") else ""
-        print(f"[{i}/{len(names)}] {name}: {result['status']}{detail}", flush=True)
+        print(f"{name}: {result['status']}{detail}", flush=True)
         results.append(result)
     return results
+
+
+def run_all(names: list[str], runs: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every path in ``names``, ``--jobs`` chains (a path and those that continue it) at a time, then the
+    timing cost alone (it measures speed); the results in the order of ``names``."""
+    paths = {p.name: p for p in check_paths()}
+    timeout_s = args.timeout_minutes * 60
+    chains = [[n] + [m for m in names if m in paths and paths[m].after == n] for n in names]
+    chains = [c for c in chains if c[0] in paths and paths[c[0]].after is None]
+    print(f"gpu-check: {len(names)} paths, {args.jobs} at a time", flush=True)
+    with ThreadPoolExecutor(args.jobs) as pool:  # each path is its own processes: threads only wait on them
+        done = [r for rs in pool.map(lambda chain: run_chain(chain, runs, timeout_s), chains) for r in rs]
+    if TIMING_COST in names:
+        print(f"{TIMING_COST}: running", flush=True)
+        done.append(timing_cost(runs / TIMING_COST, timeout_s, args.timing_batches, args.timing_epochs))
+        print(f"{TIMING_COST}: {done[-1]['status']}", flush=True)
+    by_name = {r["name"]: r for r in done}
+    return [by_name[n] for n in names]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

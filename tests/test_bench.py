@@ -89,7 +89,7 @@ def test_the_presets_are_valid_matrices() -> None:
     assert {c.arch for c in seed if c.strategy in pipelines} == {"resnet50"}
     assert {c.arch for c in seed} == {"mobilenet_v2", "resnet50"} and {c.batch_size for c in seed} == {256, 512}
     gpu1 = expand(bench.load_config(REPO / "configs" / "bench" / "gpu1.yaml"))
-    assert {c.devices for c in gpu1} == {1} and {c.variant for c in gpu1} == {"loader", "on_device"}
+    assert {c.devices for c in gpu1} == {1} and {c.precision for c in gpu1} == {"bf16-mixed"}
     assert {c.strategy for c in gpu1} == {"single", "ddp", "fsdp", "deepspeed_stage_2"}
     smoke = expand(bench.load_config(REPO / "configs" / "bench" / "cpu-smoke.yaml"))
     assert {(c.strategy, c.devices) for c in smoke} == {("single", 1), ("ddp", 2), ("fsdp", 2), ("pipeline-mb4", 2)}

@@ -154,7 +154,7 @@ def test_deepspeed_is_skipped_without_its_package(monkeypatch: pytest.MonkeyPatc
 
 def test_a_path_after_a_failed_one_is_skipped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake_runs(monkeypatch, [(1, "boom\n", 1.0)])
-    args = argparse.Namespace(timeout_minutes=1.0, timing_batches=2, timing_epochs=2)
+    args = argparse.Namespace(timeout_minutes=1.0, timing_batches=2, timing_epochs=2, jobs=2)
     results = run_all(["single-fp32", "test-last"], tmp_path, args)
     assert [r["status"] for r in results] == ["fail", "skip"]
     assert results[1]["reason"] == "needs single-fp32, which did not pass"
@@ -300,7 +300,7 @@ def test_the_checks_hold_for_real_runs_on_the_cpu(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(gpu_check, "common_args", on_the_cpu)
     paths = gpu_check.check_paths(batches=4)
     monkeypatch.setattr(gpu_check, "check_paths", lambda batches=4: paths)
-    args = argparse.Namespace(timeout_minutes=5.0, timing_batches=2, timing_epochs=2)
+    args = argparse.Namespace(timeout_minutes=5.0, timing_batches=2, timing_epochs=2, jobs=2)
     results = run_all(["single-fp32", "test-last", "predict-last", "resume", "nan-guard", "dp-1"], tmp_path, args)
     assert {r["name"]: (r["status"], r["reason"]) for r in results} == {r["name"]: ("pass", None) for r in results}, [
         r.get("error_lines") for r in results

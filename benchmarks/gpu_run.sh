@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Every GPU measurement of the template in one command, also for a GPU machine that has PyTorch and
+# Lightning but no network: it runs with that machine's python3, and where jsonargparse and its two
+# helpers are missing there, bring them as wheels in .whl/, made where the package registry is reachable:
+#   python3 -m pip download --no-deps --only-binary=:all: -d .whl \
+#       jsonargparse==4.53.0 docstring-parser==0.18.0 typeshed-client==2.14.0
+# Then, on the GPU machine, in the repository's root:
+#   bash benchmarks/gpu_run.sh OUT STAGE...
+# Stages, each writing its report under OUT/<stage>/ and its output to OUT/<stage>.log:
+#   check    python -m benchmarks.gpu_check: every CUDA path (the timing cost is its own stage)
+#   job      python -m benchmarks.gpu_job: configs/default.yaml's job, default input and loader, fp32/bf16
+#   timing   python -m benchmarks.gpu_check --paths timing-cost: the timing callback off / on / synchronising
+#   compare  python -m benchmarks.overhead and benchmarks.inference: template vs plain PyTorch on this GPU
+#   bench    python -m project bench --config configs/bench/gpu1.yaml
+# A stage is not started after DEADLINE_S seconds (default 540), and each is stopped at it, so the whole
+# command ends inside a 10-minute limit; the runs' folders are kept in OUT/runs/, and every report is
+# printed last. Exit status 0 when every stage ran to its end with status 0.
+set -u
+out=$(realpath -m "$1")
+shift
+mkdir -p "$out"
+deadline=${DEADLINE_S:-540}
+runs=$out/runs
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if ! python3 -c 'import jsonargparse' 2>/dev/null && [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PYTHONPATH
+fi
+export PYTHONUNBUFFERED=1
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  python3 -c 'import sys, torch, lightning, torchvision; print(sys.version.split()[0], "torch", torch.__version__,
+"lightning", lightning.__version__, "torchvision", torchvision.__version__, "cuda", torch.version.cuda)'
+} > "$out/environment.txt" 2>&1
+
+stage_command() {
+  case $1 in
+    check) echo python3 -m benchmarks.gpu_check --out "$out/check" --runs "$runs/check" --jobs 4 --timeout-minutes 3 \
+      --paths "$(python3 -c 'from benchmarks.gpu_check import check_paths; print(",".join(p.name for p in check_paths()))')" ;;
+    job) echo python3 -m benchmarks.gpu_job --out "$out/job" --runs "$runs/job" ;;
+    timing) echo python3 -m benchmarks.gpu_check --paths timing-cost --out "$out/timing" --runs "$runs/timing" ;;
+    compare) echo "python3 -m benchmarks.overhead --out $out/compare && python3 -m benchmarks.inference --out $out/compare" ;;
+    bench) echo python3 -m project bench --config configs/bench/gpu1.yaml --out "$runs/bench" \
+      "; cp $runs/bench/results.* $out/bench/" ;;  # also after failed cells: the others are in it
+    *) echo "gpu_run: unknown stage $1; choose from check job timing compare bench" >&2; return 1 ;;
+  esac
+}
+
+status=0  # 1 when a stage failed, was stopped at the deadline, or did not start
+for stage in "$@"; do
+  command=$(stage_command "$stage") || exit 2
+  left=$((deadline - SECONDS))
+  if [ "$left" -le 20 ]; then
+    echo "gpu_run: $stage not started: the deadline (${deadline} s) is reached" | tee -a "$out/skipped.txt"
+    status=1
+    continue
+  fi
+  mkdir -p "$out/$stage"
+  echo "gpu_run: $stage (at ${SECONDS} s, ${left} s left): $command"
+  timeout -k 10 "$left" bash -c "$command" > "$out/$stage.log" 2>&1
+  code=$?
+  echo "gpu_run: $stage exit $code at ${SECONDS} s"
+  [ "$code" -eq 0 ] || status=1
+done
+
+cat "$out/environment.txt"
+for report in "$out"/*/*.md; do
+  if [ -f "$report" ]; then echo; echo "==== $report"; cat "$report"; fi
+done
+exit "$status"
