@@ -413,15 +413,19 @@ def test_no_wait_for_the_device_inside_an_epoch(tmp_path: Path) -> None:
     # Waits only at the boundaries (setup, each epoch's start and end, each validation's start and
     # end, the end of fit): as many for 5 batches an epoch as for 2.
     assert few.waits == many.waits == 1 + 2 * (2 + 2) + 1
-    assert many.marks == 2 * 2 * 5  # a start and an end mark per batch
-    # within an epoch, every mark was taken with no wait between: the waits seen at the marks of one
-    # epoch are all the same number
-    per_epoch = [many.waits_at_mark[i : i + 10] for i in (0, 10)]
+    # an epoch: a mark at its start, a start and an end mark per batch, a mark after its validation
+    assert many.marks == 2 * (1 + 2 * 5 + 1)
+    # within an epoch, every mark up to the validation was taken with no wait between: the waits seen at
+    # those marks of one epoch are all the same number
+    per_epoch = [many.waits_at_mark[i : i + 11] for i in (0, 12)]
     assert all(len(set(marks)) == 1 for marks in per_epoch)
     # the iteration times are assembled from the event pairs: each pair is 1 mark apart = 10 ms
     assert report["iteration_seconds_mean"] == pytest.approx(0.010)
     assert report["iteration_seconds_std"] == pytest.approx(0.0, abs=1e-12)
     assert report["iterations_measured"] == 2 * 2 - 1 and report["warmup_iterations_skipped"] == 1
+    # so is the data wait, on the device's clock: the epoch's start to the first batch, and each batch's
+    # end to the next one's start, each 1 mark apart
+    assert [e["data_wait_seconds"] for e in report["epochs"]] == pytest.approx([0.020, 0.020])
 
 
 def test_test_latencies_come_from_event_pairs_read_once(tmp_path: Path) -> None:
