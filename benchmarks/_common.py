@@ -399,8 +399,11 @@ def publish(
     print(headline)
 
 
-def common_arguments(module: str, description: str, default_repeats: int) -> argparse.ArgumentParser:
-    """The options every benchmark has; ``module`` is how it is started (``benchmarks.overhead``)."""
+def common_arguments(
+    module: str, description: str, default_repeats: int, clock: bool = True
+) -> argparse.ArgumentParser:
+    """The options every benchmark has; ``module`` is how it is started (``benchmarks.overhead``); ``clock``:
+    whether it has ``--clock`` (those that compare step times)."""
     parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
     parser.set_defaults(module=module)
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
@@ -420,6 +423,8 @@ def common_arguments(module: str, description: str, default_repeats: int) -> arg
         help="intra-op threads (OMP_NUM_THREADS) of every side; 0: torch's default, one per core "
         "(default: 1 on a CPU-only machine, else 0)",
     )
+    if not clock:
+        return parser
     # The CPU clock on a CPU: with one intra-op thread and no worker processes, the CPU seconds a step
     # costs its process hardly change when other work shares the cores, while its wall time doubles.
     # Both are measured and shown; this one decides the headline.

@@ -12,15 +12,12 @@ exit as they should and leave what they should (``timing.json``, the checkpoint,
   (skipped, not failed, without the deepspeed package);
 - ``test-last``, ``predict-last``, ``resume``: after ``single-fp32``, in its folder (``resume``:
   ``fit --ckpt_path=last --trainer.max_epochs=3`` goes on from the end of epoch 2);
-- ``nan-guard``: ``--model.lr=1e30`` must stop at the first non-finite loss, exit non-zero, and say so;
-- ``timing-cost``: MobileNetV2, 112 px, global batch 256, bf16-mixed, data on the device, fitted with the
-  timing callback off, on (CUDA events) and synchronising every step. Each variant runs for 1 epoch and
-  for ``--timing-epochs``; the difference of the two wall times (taken around the process) is the time of
-  the extra epochs without the start-up, so images/s = extra epochs x batches x 256 / that difference.
-  It includes the 2 validation batches and the checkpoint of each epoch, the same for the three variants.
+- ``nan-guard``: ``--model.lr=1e30`` must stop at the first non-finite loss, exit non-zero, and say so.
 
-It writes ``gpu-check.md`` (the environment, a pass/fail/skip table with each fit's figures, the timing
-cost, and the last lines of every failing command) and the raw ``gpu-check.json`` into ``--out``
+What the timing callback costs is measured side by side in one process by ``python -m benchmarks.timing_cost``.
+
+It writes ``gpu-check.md`` (the environment, a pass/fail/skip table with each fit's figures, and the
+last lines of every failing command) and the raw ``gpu-check.json`` into ``--out``
 (default ``benchmarks/results/gpu-<device>/``), and exits 1 if a path failed. On a machine without a
 CUDA GPU it prints one line and exits 0, running nothing.
 """
@@ -224,16 +221,8 @@ def check_paths(batches: int = CHECK_BATCHES) -> list[CheckPath]:
     ]
 
 
-TIMING_COST = "timing-cost"
-TIMING_VARIANTS = {  # name -> the options that make it
-    "off": ("--callbacks.timing=false",),
-    "on": (),
-    "sync every step": ("--timing.sync_every_step=true",),
-}
-
-
 def path_names() -> list[str]:
-    return [p.name for p in check_paths()] + [TIMING_COST]
+    return [p.name for p in check_paths()]
 
 
 def select(names: Sequence[str] | None) -> list[str]:
@@ -338,62 +327,6 @@ def run_path(path: CheckPath, root: Path, timeout_s: float) -> dict[str, Any]:
     return {**result, "status": "pass", "reason": None, "seconds": time.perf_counter() - start}
 
 
-def timing_cost(root: Path, timeout_s: float, batches: int, epochs: int) -> dict[str, Any]:
-    """The same fit with the timing callback off, on, and synchronising every step, each for 1 and for
-    ``epochs`` epochs: images/s of the extra epochs, from wall times taken around the processes."""
-    batch_size = 256
-    result: dict[str, Any] = {"name": TIMING_COST, "commands": [], "figures": {}}
-    result["what"] = (
-        f"MobileNetV2 112 px, batch {batch_size}, bf16-mixed, data on the GPU, {batches} batches/epoch: "
-        f"timing off / on / sync every step, 1 vs {epochs} epochs"
-    )
-    rows = []
-    start = time.perf_counter()
-    for variant, options in TIMING_VARIANTS.items():
-        walls, timing = {}, {}
-        for count in (1, epochs):
-            folder = root / f"{slug(variant)}-{count}"
-            args = [
-                *common_args(folder, batches, batch_size),
-                "--model.arch=mobilenet_v2",
-                "--trainer.precision=bf16-mixed",
-                "--data.on_device=true",
-                f"--trainer.max_epochs={count}",
-                *options,
-            ]
-            command = project_command("fit", args)
-            result["commands"].append(shlex.join(command))
-            code, output, wall = run_logged(command, root / f"{slug(variant)}-{count}.log", timeout_s)
-            if code != 0:
-                problem = "timed out" if code is None else f"exit status {code}"
-                return {
-                    **result,
-                    "status": "fail",
-                    "reason": f"timing {variant}, {count} epoch(s): {problem}",
-                    "error_lines": last_lines(output),
-                    "seconds": time.perf_counter() - start,
-                }
-            walls[count] = wall
-            timing = newest_timing(folder)
-        extra = walls[epochs] - walls[1]
-        images = (epochs - 1) * batches * batch_size
-        rows.append(
-            {
-                "variant": variant,
-                "wall_1_epoch_s": walls[1],
-                f"wall_{epochs}_epochs_s": walls[epochs],
-                "images_per_second": images / extra if extra > 0 else None,
-                "timing_json_samples_per_second": timing.get("train_samples_per_second"),
-                "mfu": timing.get("mfu"),
-            }
-        )
-    off = rows[0]["images_per_second"]
-    for row in rows:
-        row["vs_off"] = row["images_per_second"] / off if off and row["images_per_second"] else None
-    result["figures"] = {"epochs": epochs, "batches": batches, "variants": rows}
-    return {**result, "status": "pass", "reason": None, "seconds": time.perf_counter() - start}
-
-
 # --------------------------------------------------------------------------- the report
 
 
@@ -448,34 +381,6 @@ def write_report(
         markdown_table(["path", "what", "result", "s", "s/epoch", "img/s", "MFU %", "peak MiB"], rows),
         "",
     ]
-    cost = next((r for r in results if r["name"] == TIMING_COST and r["status"] == "pass"), None)
-    if cost is not None:
-        f = cost["figures"]
-        epochs = f["epochs"]
-        text += [
-            "## Cost of the timing callback",
-            "",
-            f"Wall time of the whole process for 1 and for {epochs} epochs; img/s = the images of the",
-            f"{epochs - 1} extra epochs over the difference (start-up cancels out). `timing.json` img/s: the",
-            "callback's own figure (steady epochs); the run with the callback off has none.",
-            "",
-            markdown_table(
-                ["timing", "1 epoch s", f"{epochs} epochs s", "img/s", "vs off", "timing.json img/s", "MFU %"],
-                [
-                    [
-                        v["variant"],
-                        number(v["wall_1_epoch_s"], 1, missing="–"),
-                        number(v[f"wall_{epochs}_epochs_s"], 1, missing="–"),
-                        number(v["images_per_second"], 0, missing="–"),
-                        "–" if v["vs_off"] is None else f"{v['vs_off']:.3f}",
-                        number(v["timing_json_samples_per_second"], 0, missing="–"),
-                        number(v["mfu"], 1, missing="–", scale=100),
-                    ]
-                    for v in f["variants"]
-                ],
-            ),
-            "",
-        ]
     failures = [r for r in results if r["status"] == "fail"]
     if failures:
         text += ["## Failures", ""]
@@ -511,11 +416,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     # Most of a check is a process starting and finishing (imports, CUDA, cuDNN's autotuning, the timing
     # after the fit): a GPU runs several such processes at once without one slowing another much.
     parser.add_argument("--jobs", type=int, default=1, help="paths run at a time (default 1)")
-    parser.add_argument("--timing-batches", type=int, default=50, help="batches per epoch of timing-cost (50)")
-    parser.add_argument("--timing-epochs", type=int, default=4, help="long run of timing-cost, >= 2 (4)")
     args = parser.parse_args(argv)
-    if args.timing_epochs < 2 or args.timing_batches < 2:
-        parser.error("--timing-epochs and --timing-batches must be >= 2")
     if args.jobs < 1:
         parser.error(f"--jobs={args.jobs}: it must be >= 1")
     return args
@@ -541,19 +442,14 @@ def run_chain(chain: list[str], runs: Path, timeout_s: float) -> list[dict[str, 
 
 
 def run_all(names: list[str], runs: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every path in ``names``, ``--jobs`` chains (a path and those that continue it) at a time, then the
-    timing cost alone (it measures speed); the results in the order of ``names``."""
+    """Every path in ``names``, ``--jobs`` chains (a path and those that continue it) at a time; the results in
+    the order of ``names``."""
     paths = {p.name: p for p in check_paths()}
     timeout_s = args.timeout_minutes * 60
-    chains = [[n] + [m for m in names if m in paths and paths[m].after == n] for n in names]
-    chains = [c for c in chains if c[0] in paths and paths[c[0]].after is None]
+    chains = [[n] + [m for m in names if paths[m].after == n] for n in names if paths[n].after is None]
     print(f"gpu-check: {len(names)} paths, {args.jobs} at a time", flush=True)
     with ThreadPoolExecutor(args.jobs) as pool:  # each path is its own processes: threads only wait on them
         done = [r for rs in pool.map(lambda chain: run_chain(chain, runs, timeout_s), chains) for r in rs]
-    if TIMING_COST in names:
-        print(f"{TIMING_COST}: running", flush=True)
-        done.append(timing_cost(runs / TIMING_COST, timeout_s, args.timing_batches, args.timing_epochs))
-        print(f"{TIMING_COST}: {done[-1]['status']}", flush=True)
     by_name = {r["name"]: r for r in done}
     return [by_name[n] for n in names]
 

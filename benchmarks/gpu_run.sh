@@ -7,9 +7,9 @@
 # Then, on the GPU machine, in the repository's root:
 #   bash benchmarks/gpu_run.sh OUT STAGE...
 # Stages, each writing its report under OUT/<stage>/ and its output to OUT/<stage>.log:
-#   check    python -m benchmarks.gpu_check: every CUDA path (the timing cost is its own stage)
+#   check    python -m benchmarks.gpu_check: every CUDA path, 4 at a time
 #   job      python -m benchmarks.gpu_job: configs/default.yaml's job, default input and loader, fp32/bf16
-#   timing   python -m benchmarks.gpu_check --paths timing-cost: the timing callback off / on / synchronising
+#   timing   python -m benchmarks.timing_cost: the timing callback off / on / synchronising every step
 #   compare  python -m benchmarks.overhead and benchmarks.inference: template vs plain PyTorch on this GPU
 #   bench    python -m project bench --config configs/bench/gpu1.yaml
 # A stage is not started after DEADLINE_S seconds (default 540), and each is stopped at it, so the whole
@@ -35,10 +35,9 @@ export PYTHONUNBUFFERED=1
 
 stage_command() {
   case $1 in
-    check) echo python3 -m benchmarks.gpu_check --out "$out/check" --runs "$runs/check" --jobs 4 --timeout-minutes 3 \
-      --paths "$(python3 -c 'from benchmarks.gpu_check import check_paths; print(",".join(p.name for p in check_paths()))')" ;;
+    check) echo python3 -m benchmarks.gpu_check --out "$out/check" --runs "$runs/check" --jobs 4 --timeout-minutes 3 ;;
     job) echo python3 -m benchmarks.gpu_job --out "$out/job" --runs "$runs/job" ;;
-    timing) echo python3 -m benchmarks.gpu_check --paths timing-cost --out "$out/timing" --runs "$runs/timing" ;;
+    timing) echo python3 -m benchmarks.timing_cost --out "$out/timing" ;;
     compare) echo "python3 -m benchmarks.overhead --out $out/compare && python3 -m benchmarks.inference --out $out/compare" ;;
     bench) echo python3 -m project bench --config configs/bench/gpu1.yaml --out "$runs/bench" \
       "; cp $runs/bench/results.* $out/bench/" ;;  # also after failed cells: the others are in it

@@ -33,7 +33,7 @@ def peak_mb(stage: str, timing: dict[str, Any]) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = common_arguments("benchmarks.host_memory", __doc__.splitlines()[0], default_repeats=2)
+    parser = common_arguments("benchmarks.host_memory", __doc__.splitlines()[0], default_repeats=2, clock=False)
     args = parse(parser, argv)
     started, where = time.perf_counter(), machine(args.threads)
     print(f"host_memory: {where}", flush=True)

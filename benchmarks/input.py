@@ -75,7 +75,7 @@ def loader_rate(workers: int | None) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = common_arguments("benchmarks.input", __doc__.splitlines()[0], default_repeats=2)
+    parser = common_arguments("benchmarks.input", __doc__.splitlines()[0], default_repeats=2, clock=False)
     args = parse(parser, argv)
     if args.threads:
         torch.set_num_threads(args.threads)  # the 0-worker case transforms in this process

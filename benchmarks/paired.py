@@ -48,18 +48,19 @@ from benchmarks.lightning_loop import lightning_fit, lightning_infer
 from benchmarks.plain import plain_fit, plain_infer, reuse_freed_host_memory
 
 
-def order(rotation: int) -> tuple[str, ...]:
+def order(rotation: int, sides: tuple[str, ...] = SIDES) -> tuple[str, ...]:
     """The order of a session's runs: each side twice, there and back (which cancels a steady drift),
-    starting from side ``rotation`` (mod 3) of :data:`SIDES`, so that three sessions in a row put each side
-    once in each pair of places (first and last, second and fifth, the two middle ones).
+    starting from side ``rotation`` (mod their number) of ``sides``, so that as many sessions in a row as
+    there are sides put each side once in each pair of places (first and last, second and fifth, the two
+    middle ones, for three).
 
     >>> order(0), order(1)
     (('plain', 'lightning', 'template', 'template', 'lightning', 'plain'), \
 ('lightning', 'template', 'plain', 'plain', 'template', 'lightning'))
     """
-    start = rotation % len(SIDES)
-    sides = SIDES[start:] + SIDES[:start]
-    return (*sides, *reversed(sides))
+    start = rotation % len(sides)
+    turned = sides[start:] + sides[:start]
+    return (*turned, *reversed(turned))
 
 
 def run_side(side: str, stage: str, setup: Setup, folder: Path, batch_size: int | None) -> dict[str, Any]:

@@ -93,7 +93,7 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = common_arguments("benchmarks.parity", __doc__.splitlines()[0], default_repeats=len(SEEDS))
+    parser = common_arguments("benchmarks.parity", __doc__.splitlines()[0], default_repeats=len(SEEDS), clock=False)
     parser.set_defaults(threads=1)
     args = parse(parser, argv)
     seeds = SEEDS[: args.repeats] if args.repeats <= len(SEEDS) else tuple(range(1, args.repeats + 1))

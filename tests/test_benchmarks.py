@@ -32,6 +32,7 @@ SCRIPTS = [
     "benchmarks.input",
     "benchmarks.parity",
     "benchmarks.host_memory",
+    "benchmarks.timing_cost",
 ]
 
 
@@ -322,3 +323,53 @@ def test_the_headline_is_the_median_over_rounds_of_three_sessions_of_each_rounds
     assert case["lightning_cpu_ratio"] == pytest.approx(1.0)
     headline = (tmp_path / "inference.md").read_text().splitlines()[-1]
     assert "ratio 0.947" in headline and "0.800 to 0.990" in headline and headline.endswith("MISSED")
+
+
+class SlowValidation(LightningModule):
+    """Training steps of no time to speak of, validation steps of 0.2 s, 8 images a batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).sum()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        import time
+
+        time.sleep(0.2)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_epoch_walls_count_the_images_and_leave_the_validation_out(tmp_path: Path) -> None:
+    from benchmarks.timing_cost import EpochWalls, steady_speed
+
+    walls = EpochWalls(str(tmp_path / "epochs.json"))
+    data = DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=8)
+    trainer = Trainer(
+        accelerator="cpu", max_epochs=2, callbacks=[walls], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(SlowValidation(), data, data)  # a validation of 3 x 0.2 s at the end of each epoch
+    epochs = json.loads((tmp_path / "epochs.json").read_text())
+    assert [e["images"] for e in epochs] == [24, 24]
+    assert all(0 < e["seconds"] < 0.3 for e in epochs), epochs  # the 0.6 s of validation left out
+    assert steady_speed(epochs) == pytest.approx(24 / epochs[1]["seconds"])
+
+
+@pytest.mark.slow
+def test_the_timing_cost_runs_a_real_session_of_every_variant(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from benchmarks import _common, timing_cost
+
+    tiny = _common.Setup(image_size=32, batch_size=4, train_batches=3, epochs=2)
+    monkeypatch.setattr(timing_cost, "CPU_CASES", [tiny])
+    timing_cost.main(["--repeats", "1", "--out", str(tmp_path)])
+    (case,) = json.loads((tmp_path / "timing_cost.json").read_text())["cases"]
+    assert {name: len(speeds) for name, speeds in case["runs"].items()} == {"off": 2, "on": 2, "sync every step": 2}
+    assert all(speed > 0 for speeds in case["runs"].values() for speed in speeds)
+    on, off = case["runs"]["on"], case["runs"]["off"]
+    assert case["ratios"]["on"] == pytest.approx(sum(on) / sum(off))  # one session: its mean over off's
+    assert "timing_cost: min on/off speed ratio" in (tmp_path / "timing_cost.md").read_text()

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import benchmarks.gpu_check as gpu_check
-from benchmarks.gpu_check import REPO, main, no_gpu_line, run_all, run_path, select, timing_cost, write_report
+from benchmarks.gpu_check import REPO, main, no_gpu_line, run_all, run_path, select, write_report
 
 NO_GPU = re.compile(r"gpu-check: no CUDA GPU here \(torch \S+, CUDA build: (yes|no)\); nothing to check")
 
@@ -76,7 +76,7 @@ def test_no_gpu_line_only_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_every_path_by_default_in_running_order() -> None:
     names = select(None)
-    assert names[0] == "single-fp32" and names[-1] == "timing-cost"
+    assert names[0] == "single-fp32" and names[-1] == "nan-guard"
     assert names.index("single-fp32") < names.index("test-last") < names.index("resume")
     assert {"bf16-mixed", "compile", "on-device", "ddp-1", "fsdp-1", "dp-1", "deepspeed-stage-2", "nan-guard"} <= set(
         names
@@ -154,34 +154,10 @@ def test_deepspeed_is_skipped_without_its_package(monkeypatch: pytest.MonkeyPatc
 
 def test_a_path_after_a_failed_one_is_skipped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake_runs(monkeypatch, [(1, "boom\n", 1.0)])
-    args = argparse.Namespace(timeout_minutes=1.0, timing_batches=2, timing_epochs=2, jobs=2)
+    args = argparse.Namespace(timeout_minutes=1.0, jobs=2)
     results = run_all(["single-fp32", "test-last"], tmp_path, args)
     assert [r["status"] for r in results] == ["fail", "skip"]
     assert results[1]["reason"] == "needs single-fp32, which did not pass"
-
-
-def test_timing_cost_from_wall_time_differences(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # off, on, sync: (1 epoch, 4 epochs) wall seconds; 3 extra epochs x 50 batches x 256 = 38400 images
-    walls = [20.0, 26.0, 20.5, 26.9, 21.0, 29.0]
-    commands = fake_runs(monkeypatch, [(0, "", w) for w in walls])
-    result = timing_cost(tmp_path, timeout_s=60, batches=50, epochs=4)
-    assert result["status"] == "pass"
-    rows = {v["variant"]: v for v in result["figures"]["variants"]}
-    assert rows["off"]["images_per_second"] == pytest.approx(38400 / 6.0)
-    assert rows["on"]["images_per_second"] == pytest.approx(38400 / 6.4)
-    assert rows["on"]["vs_off"] == pytest.approx(6.0 / 6.4)
-    assert rows["sync every step"]["vs_off"] == pytest.approx(6.0 / 8.0)
-    assert "--callbacks.timing=false" in commands[0] and "--timing.sync_every_step=true" in commands[4]
-    for command, epochs in zip(commands, [1, 4] * 3, strict=True):
-        assert f"--trainer.max_epochs={epochs}" == [a for a in command if a.startswith("--trainer.max_epochs")][-1]
-        assert {"--data.on_device=true", "--trainer.precision=bf16-mixed", "--data.batch_size=256"} <= set(command)
-
-
-def test_timing_cost_fails_with_the_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    fake_runs(monkeypatch, [(2, "error: unknown option callbacks.timing\n", 5.0)])
-    result = timing_cost(tmp_path, timeout_s=60, batches=50, epochs=4)
-    assert result["status"] == "fail" and result["reason"] == "timing off, 1 epoch(s): exit status 2"
-    assert result["error_lines"] == ["error: unknown option callbacks.timing"]
 
 
 # --------------------------------------------------------------------------- the report
@@ -227,24 +203,6 @@ def made_up_results() -> list[dict]:
             "commands": [],
             "figures": {},
         },
-        {
-            "name": "timing-cost",
-            "what": "timing off / on / sync",
-            "status": "pass",
-            "reason": None,
-            "seconds": 200.0,
-            "commands": [],
-            "figures": {
-                "epochs": 4,
-                "batches": 50,
-                "variants": [
-                    {"variant": "off", "wall_1_epoch_s": 20.0, "wall_4_epochs_s": 26.0, "images_per_second": 6400.0,
-                     "timing_json_samples_per_second": None, "mfu": None, "vs_off": 1.0},
-                    {"variant": "on", "wall_1_epoch_s": 20.5, "wall_4_epochs_s": 26.9, "images_per_second": 6000.0,
-                     "timing_json_samples_per_second": 6100.0, "mfu": 0.2, "vs_off": 0.9375},
-                ],
-            },
-        },
     ]  # fmt: skip
 
 
@@ -252,7 +210,7 @@ def test_the_report(tmp_path: Path) -> None:
     markdown, raw = write_report(made_up_results(), ENVIRONMENT, tmp_path / "out", "python -m benchmarks.gpu_check")
     text = markdown.read_text()
     assert text.startswith("# GPU check\n")
-    assert "2 passed, 1 failed, 1 skipped" in text  # the timing cost counts as a path
+    assert "1 passed, 1 failed, 1 skipped" in text
     environment = text.split("## Environment")[1].split("## Paths")[0]
     assert "| device_name | `NVIDIA H100 80GB HBM3` |" in environment and "| git_commit | `abc123` |" in environment
     rows = [line for line in text.splitlines() if line.startswith("| `")]
@@ -261,9 +219,6 @@ def test_the_report(tmp_path: Path) -> None:
     assert "| 2048 |" in single
     assert "**FAIL**: fit: exit status 1" in next(r for r in rows if r.startswith("| `compile`"))
     assert "skip: the deepspeed package is not installed" in next(r for r in rows if "deepspeed" in r)
-    cost = text.split("## Cost of the timing callback")[1].split("## Failures")[0]
-    assert "| on | 20.5 | 26.9 | 6000 | 0.938 | 6100 | 20.0 |" in cost
-    assert "| off | 20.0 | 26.0 | 6400 | 1.000 | – | – |" in cost
     failures = text.split("## Failures")[1]
     assert "### `compile`: fit: exit status 1" in failures
     assert "`python -m project fit --model.compile=true`" in failures
@@ -272,10 +227,10 @@ def test_the_report(tmp_path: Path) -> None:
     assert saved["environment"] == ENVIRONMENT and saved["results"] == made_up_results()
 
 
-def test_a_report_without_failures_or_timing_cost(tmp_path: Path) -> None:
+def test_a_report_without_failures(tmp_path: Path) -> None:
     markdown, _ = write_report(made_up_results()[:1], ENVIRONMENT, tmp_path, "cmd")
     text = markdown.read_text()
-    assert "## Failures" not in text and "## Cost of the timing callback" not in text
+    assert "## Failures" not in text
 
 
 # --------------------------------------------------------------------------- the checks, against real runs
@@ -300,7 +255,7 @@ def test_the_checks_hold_for_real_runs_on_the_cpu(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(gpu_check, "common_args", on_the_cpu)
     paths = gpu_check.check_paths(batches=4)
     monkeypatch.setattr(gpu_check, "check_paths", lambda batches=4: paths)
-    args = argparse.Namespace(timeout_minutes=5.0, timing_batches=2, timing_epochs=2, jobs=2)
+    args = argparse.Namespace(timeout_minutes=5.0, jobs=2)
     results = run_all(["single-fp32", "test-last", "predict-last", "resume", "nan-guard", "dp-1"], tmp_path, args)
     assert {r["name"]: (r["status"], r["reason"]) for r in results} == {r["name"]: ("pass", None) for r in results}, [
         r.get("error_lines") for r in results
