@@ -15,8 +15,9 @@ calls are limited in time, so the runs may take several).
 
 It writes ``gpu-job.md`` (one row per run: steady epoch seconds, the fit's training time -- the sum of its
 epochs' training seconds, validation excluded -- images/s, MFU, data wait, peak memory, where a steady
-step's time went) and the raw ``gpu-job.json`` into ``--out``. Without a CUDA GPU it prints one line and
-exits 0.
+step's time went, and what the device did in 5 profiled steps of the first epoch:
+:class:`~project.toolkit.measure.step_profile.StepProfile`) and the raw ``gpu-job.json`` into ``--out``.
+Without a CUDA GPU it prints one line and exits 0.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_check import RESULTS, last_lines, newest_timing, no_gpu_line, run_logged, slug
+from benchmarks.gpu_check import RESULTS, last_lines, newest_run, newest_timing, no_gpu_line, run_logged, slug
 from project.toolkit.bench.matrix import project_command
+from project.toolkit.measure.step_profile import StepProfile, describe
 
 CIFAR_TRAIN = 50_000  # CIFAR-10's training set, of which val_size is held out; its test set is a fifth of it
 VAL_SIZE = 5_000
@@ -49,8 +51,8 @@ def runs(resnet_epochs: int) -> list[tuple[str, list[str]]]:
     ]
 
 
-def figures(timing: dict[str, Any]) -> dict[str, Any]:
-    """What the report shows of a fit's ``timing.json``."""
+def figures(timing: dict[str, Any], profile: dict[str, Any] | None) -> dict[str, Any]:
+    """What the report shows of a fit's ``timing.json`` and ``step_profile.json``."""
     epochs = timing.get("epochs") or []
     peaks = [mb for mb in timing.get("peak_memory_mb") or [] if mb is not None]
     anatomy = (timing.get("step_anatomy") or {}).get("ranks") or [{}]
@@ -67,7 +69,15 @@ def figures(timing: dict[str, Any]) -> dict[str, Any]:
         "peak_memory_mb": max(peaks) if peaks else None,
         "iteration_seconds_p50": timing.get("iteration_seconds_p50"),
         "step_anatomy": anatomy[0],
+        "step_profile": profile,
     }
+
+
+def newest_profile(root: Path) -> dict[str, Any] | None:
+    """The latest command's ``step_profile.json`` (None if it wrote none)."""
+    run = newest_run(root)
+    path = run / "step_profile.json" if run is not None else None
+    return json.loads(path.read_text()) if path is not None and path.is_file() else None
 
 
 def anatomy_cell(parts: dict[str, Any]) -> str:
@@ -99,10 +109,11 @@ def write_report(results: list[dict[str, Any]], environment: dict[str, Any], out
                 number(f.get("data_wait_fraction"), 1, missing="–", scale=100),
                 number(f.get("peak_memory_mb"), 0, missing="–"),
                 anatomy_cell(f.get("step_anatomy") or {}),
+                describe(f["step_profile"]) if f.get("step_profile") else "–",
             ]
         )
     header = ["run", "result", "input", "epoch 1 s", "steady s/epoch", "training s", "img/s", "MFU %"]
-    header += ["data wait %", "peak MiB", "a steady step"]
+    header += ["data wait %", "peak MiB", "a steady step", "profiled steps 21-25"]
     text = [
         "# The material's job on one GPU",
         "",
@@ -110,7 +121,9 @@ def write_report(results: list[dict[str, Any]], environment: dict[str, Any], out
         f"data of CIFAR-10's size ({CIFAR_TRAIN - VAL_SIZE:,} training, {VAL_SIZE:,} validation images), one GPU.",
         "Figures from each run's `timing.json`: steady = the epochs after the first; training s = all epochs'",
         "training time (validation and checkpoints excluded); img/s and data wait over the steady epochs;",
-        "a steady step = `step_anatomy` (rank 0, 5 steady steps timed with device events).",
+        "a steady step = `step_anatomy` (rank 0, 5 steady steps timed with device events); profiled steps = 5 steps",
+        "of the first epoch under torch.profiler (`step_profile.json`, `StepProfile`): the device's busy share of",
+        "their wall time, kernel launches and host syncs per step, profiler overhead included.",
         "",
         markdown_table(["", "value"], [[k, f"`{v}`"] for k, v in environment.items()]),
         "",
@@ -163,13 +176,14 @@ def main(argv: list[str] | None = None) -> int:
             "--trainer.devices=1",
             "--trainer.enable_progress_bar=false",
             f"--trainer.default_root_dir={folder}",
+            f"--trainer.callbacks+={StepProfile.__module__}.StepProfile",  # steps 21-25, in the first epoch
             *options,
         ]
         cmd = project_command("fit", fit)
         print(f"gpu-job: {name}: {shlex.join(cmd)}", flush=True)
         code, output, wall = run_logged(cmd, folder / "fit.log", args.timeout_minutes * 60)
         result = {"name": name, "command": shlex.join(cmd), "code": code, "wall_seconds": wall}
-        result["figures"] = figures(newest_timing(folder)) if code == 0 else {}
+        result["figures"] = figures(newest_timing(folder), newest_profile(folder)) if code == 0 else {}
         result["error_lines"] = last_lines(output) if code != 0 else []
         results.append(result)
         f = result["figures"]

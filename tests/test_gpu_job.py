@@ -33,9 +33,12 @@ TIMING = {
 }
 
 
+PROFILE = {"step_seconds": 0.02, "device_idle_fraction": 0.25, "launches": 450.0, "host_syncs": 1.0}
+
+
 def stand_in(monkeypatch: pytest.MonkeyPatch, codes: dict[str, int]) -> list[list[str]]:
     """Replace the GPU and the commands: a run exits with ``codes[its folder]`` (0 by default) and, when 0,
-    leaves ``TIMING`` where the template's fit leaves its ``timing.json``."""
+    leaves ``TIMING`` and ``PROFILE`` where the template's fit leaves its ``timing.json`` and the step profile."""
     commands: list[list[str]] = []
 
     def run_logged(command: list[str], log: Path, timeout_s: float) -> tuple[int | None, str, float]:
@@ -45,6 +48,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, codes: dict[str, int]) -> list[lis
             run = log.parent / "lightning_logs" / "version_0"
             run.mkdir(parents=True)
             (run / "timing.json").write_text(json.dumps(TIMING))
+            (run / "step_profile.json").write_text(json.dumps(PROFILE))
         return code, "RuntimeError: boom\n" if code else "", 12.0
 
     monkeypatch.setattr(gpu_job, "no_gpu_line", lambda: None)
@@ -80,6 +84,8 @@ def test_every_run_on_the_default_config_with_its_figures(monkeypatch: pytest.Mo
     # result, input, epoch 1 s, steady s/epoch, training s (all epochs), img/s, MFU %, data wait %, peak MiB
     assert cells[1:10] == ["pass", "on_device (0 workers)", "8.00", "3.00", "14.0", "15000", "1.5", "13.0", "6038"]
     assert cells[10] == "data 5% · compute 90% · optimizer 5%"
+    assert cells[11] == "step 20.0 ms: device busy 75 % (idle 25 %), 450 launches, 1.0 host syncs"
+    assert all("--trainer.callbacks+=project.toolkit.measure.step_profile.StepProfile" in c for c in commands)
 
 
 def test_a_failed_run_is_reported_and_earlier_runs_are_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,0 +1,187 @@
+"""Where a training step's time goes on the device: :class:`StepProfile`, a few steps under ``torch.profiler``.
+
+The timing callback says how long steps take and how a step splits into data, compute, communication and
+optimizer (its step anatomy). When that is slower than the hardware should be, the next question is what
+the device did meanwhile: was it computing (kernel time), or waiting for the host to queue work (launch
+gaps), or stopped by the host reading a value (host syncs)? This callback profiles ``steps`` consecutive
+training steps from step ``first_step`` and writes, next to ``timing.json``:
+
+- ``step_profile.json``: per step, the window's wall seconds (the device waited for at both ends), the
+  seconds the device was busy (the union of its kernels, copies and sets) and the rest as its idle share,
+  the kernels and the kernel launches, the host syncs (a ``.item()`` or ``bool()`` of a device tensor:
+  ``aten::_local_scalar_dense``; the CUDA calls that wait: ``cudaStreamSynchronize``,
+  ``cudaDeviceSynchronize``, ``cudaEventSynchronize``), and the kernels and host operators that took the
+  most time. On a CPU there is no device timeline: the device fields are ``null`` and the host's operators
+  are what it lists.
+- ``step_profile.trace.json``: the profiler's trace of the window, for Perfetto (https://ui.perfetto.dev)
+  or ``chrome://tracing``.
+
+Add it to a run by its class path (rank 0 profiles; the window should lie after the warm-up, in the first
+epoch, which the timing callback's steady figures leave out, so that the profiler's own cost lands there)::
+
+    python -m project fit ... --trainer.callbacks+=project.toolkit.measure.step_profile.StepProfile
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from project.toolkit.errors import ProjectError
+from project.toolkit.log import get_logger
+from project.toolkit.measure.devices import synchronizer
+
+log = get_logger(__name__)
+
+STEP = "project.step"  # the annotation around each profiled step
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # trace categories of work on the device
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+HOST_READ = "aten::_local_scalar_dense"  # what .item(), bool() and float() of a device tensor run
+TOP = 8  # kernels and operators listed
+
+
+class StepProfile(Callback):
+    """Profile ``steps`` training steps from global step ``first_step`` (0-based) on rank 0; write
+    ``step_profile.json`` and ``step_profile.trace.json`` into the run folder. A run that ends inside the
+    window writes what it profiled; one that ends before it says so in one line."""
+
+    def __init__(self, first_step: int = 20, steps: int = 5) -> None:
+        if first_step < 0 or steps < 1:
+            raise ProjectError(
+                f"StepProfile(first_step={first_step}, steps={steps}) is not allowed: first_step >= 0, steps >= 1"
+            )
+        self.first_step, self.steps = first_step, steps
+        self.summary: dict[str, Any] | None = None
+        self._profiler: profile | None = None
+        self._annotation: record_function | None = None
+        self._start = 0.0
+        self._profiled = 0  # steps done in the window
+        self._sync = lambda: None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._sync = synchronizer(trainer.strategy.root_device) or (lambda: None)
+
+    def _profiling(self, trainer: Trainer) -> bool:
+        return trainer.is_global_zero and self.first_step <= trainer.global_step < self.first_step + self.steps
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if not self._profiling(trainer):
+            return
+        if self._profiler is None:
+            self._sync()  # the window starts with nothing queued: the device's time in it is these steps'
+            cuda = trainer.strategy.root_device.type == "cuda"
+            activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+            self._profiler = profile(activities=activities)
+            self._profiler.__enter__()
+            self._start = time.perf_counter()
+        self._annotation = record_function(STEP)
+        self._annotation.__enter__()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._annotation is None:
+            return
+        self._annotation.__exit__(None, None, None)
+        self._annotation = None
+        # global_step already counts this step
+        self._profiled += 1
+        if self._profiled == self.steps:
+            self._finish(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._profiler is not None:  # the run ended inside the window: what it profiled
+            self._finish(trainer)
+        elif self.summary is None and trainer.is_global_zero:
+            log.warning(
+                "step profile: the run ended at step %d, before step %d; nothing profiled "
+                "(--trainer.callbacks.first_step sets where the window starts)",
+                trainer.global_step,
+                self.first_step,
+            )
+
+    def _finish(self, trainer: Trainer) -> None:
+        assert self._profiler is not None
+        self._sync()  # recorded in the trace: one of the syncs counted, taken off below
+        wall = time.perf_counter() - self._start
+        self._profiler.__exit__(None, None, None)
+        folder = Path(trainer.log_dir or trainer.default_root_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        trace = folder / "step_profile.trace.json"
+        self._profiler.export_chrome_trace(str(trace))
+        self._profiler = None
+        events = json.loads(trace.read_text())
+        cuda = trainer.strategy.root_device.type == "cuda"
+        self.summary = summarise(events.get("traceEvents", []), wall, self._profiled, own_syncs=1 if cuda else 0)
+        self.summary.update(first_step=self.first_step, device=str(trainer.strategy.root_device))
+        (folder / "step_profile.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+
+
+def union_seconds(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of ``(start, end)`` spans in microseconds, in seconds.
+
+    >>> union_seconds([(0.0, 10.0), (5.0, 20.0), (30.0, 40.0)])
+    3e-05
+    """
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total / 1e6
+
+
+def _top(durations: Counter, steps: int) -> list[list[Any]]:
+    """``[name, milliseconds per step]`` of the ``TOP`` largest."""
+    return [[name, round(us / 1000 / steps, 4)] for name, us in durations.most_common(TOP)]
+
+
+def summarise(events: list[dict[str, Any]], wall: float, steps: int, own_syncs: int = 0) -> dict[str, Any]:
+    """Per-step figures from a chrome trace's events over a window of ``steps`` steps and ``wall`` seconds;
+    ``own_syncs``: the profiler's own waits in the window, not counted."""
+    device = [e for e in events if e.get("cat") in DEVICE_WORK]
+    runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    operators = [e for e in events if e.get("cat") == "cpu_op"]
+    syncs = sum(e["name"] in SYNC_CALLS for e in runtime) - own_syncs
+    reads = sum(e["name"] == HOST_READ for e in operators)
+    busy = union_seconds([(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in device]) if device else None
+    kernels = Counter()
+    for e in device:
+        kernels[e["name"]] += e.get("dur", 0.0)
+    ops = Counter()
+    for e in operators:
+        ops[e["name"]] += e.get("dur", 0.0)
+    per_step = wall / steps
+    return {
+        "steps": steps,
+        "step_seconds": per_step,
+        "device_busy_seconds": None if busy is None else busy / steps,
+        "device_idle_fraction": None if busy is None else max(0.0, 1.0 - busy / wall),
+        "kernels": sum(e.get("cat") == "kernel" for e in device) / steps,
+        "launches": sum("Launch" in e["name"] for e in runtime) / steps,
+        "host_syncs": (max(0, syncs) + reads) / steps,
+        "host_reads": reads / steps,
+        "top_device_ms": _top(kernels, steps),
+        "top_host_ops_ms": _top(ops, steps),
+    }
+
+
+def describe(summary: dict[str, Any]) -> str:
+    """One line: ``step 24.1 ms: device busy 62 % (idle 38 %), 450 launches, 2.0 host syncs``.
+
+    >>> describe({"step_seconds": 0.0241, "device_idle_fraction": 0.38, "launches": 450.0, "host_syncs": 2.0})
+    'step 24.1 ms: device busy 62 % (idle 38 %), 450 launches, 2.0 host syncs'
+    >>> describe({"step_seconds": 0.01, "device_idle_fraction": None, "launches": 0.0, "host_syncs": 1.0})
+    'step 10.0 ms: no device timeline, 1.0 host syncs'
+    """
+    head = f"step {summary['step_seconds'] * 1000:.1f} ms: "
+    idle = summary["device_idle_fraction"]
+    device = "no device timeline" if idle is None else f"device busy {100 * (1 - idle):.0f} % (idle {100 * idle:.0f} %)"
+    launches = f", {summary['launches']:.0f} launches" if idle is not None else ""
+    return f"{head}{device}{launches}, {summary['host_syncs']:.1f} host syncs"
