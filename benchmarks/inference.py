@@ -38,8 +38,9 @@ loading, the loop's own work, the hooks), each the median over a side's runs, on
 
 ``--options`` adds ``test`` throughput with ``--model.channels_last=false``,
 ``--trainer.precision=bf16-mixed`` (the plain loop then autocasts to bfloat16 too) and
-``--callbacks.host_memory_reuse=false`` (the plain loop then keeps glibc's defaults too). The last line
-printed is the headline: the smallest ratio (template speed over plain speed).
+``--callbacks.host_memory_reuse=false`` (the plain loop then keeps glibc's defaults too). On a GPU the cases
+are the job's settings (``GPU_CASES``, and ``GPU_OPTION_CASES`` for ``--options``). The last line printed is
+the headline: the smallest ratio (template speed over plain speed).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from benchmarks._common import (
     CLOCKS,
@@ -90,13 +93,34 @@ OPTION_CASES = [
     ("test bf16-mixed", "test", replace(MOBILENET, precision="bf16-mixed"), 128, "throughput"),
     ("test no host memory reuse", "test", replace(MOBILENET, host_memory_reuse=False), 128, "throughput"),
 ]
+# On a GPU: the job's settings (112 px, batch 256), each network at the precision that trained it fastest on an
+# H100 (benchmarks/overhead.py's GPU_CASES says which); batch-1 latency as on a CPU, at 112 px.
+GPU_MOBILENET = Setup("mobilenet_v2", image_size=112, batch_size=256, test_batches=24)
+GPU_RESNET = Setup("resnet50", image_size=112, batch_size=256, test_batches=24, precision="bf16-mixed")
+GPU_CASES = [
+    ("test mobilenet_v2", "test", GPU_MOBILENET, 256, "throughput"),
+    ("predict mobilenet_v2", "predict", GPU_MOBILENET, 256, "throughput"),
+    ("test resnet50", "test", GPU_RESNET, 256, "throughput"),
+    ("test batch 1", "test", replace(GPU_MOBILENET, test_batches=40), 1, "latency"),
+    ("predict batch 1", "predict", replace(GPU_MOBILENET, test_batches=40), 1, "latency"),
+]
+GPU_OPTION_CASES = [
+    ("test contiguous", "test", replace(GPU_MOBILENET, channels_last=False), 256, "throughput"),
+    ("test bf16-mixed", "test", replace(GPU_MOBILENET, precision="bf16-mixed"), 256, "throughput"),
+]
+
+
+def chosen_cases(options: bool) -> list[tuple[str, str, Setup, int, str]]:
+    """The cases of this machine (a GPU's, or a CPU's), with its ``--options`` cases."""
+    gpu = torch.cuda.is_available()
+    return (GPU_CASES if gpu else CASES) + ((GPU_OPTION_CASES if gpu else OPTION_CASES) if options else [])
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = common_arguments("benchmarks.inference", __doc__.splitlines()[0], default_repeats=3)
     parser.add_argument("--options", action="store_true", help="also measure channels_last=false and bf16-mixed")
     args = parse(parser, argv)
-    cases = CASES + (OPTION_CASES if args.options else [])
+    cases = chosen_cases(args.options)
     started = time.perf_counter()
     print(f"inference: {machine(args.threads)}", flush=True)
     rows, report = [], []

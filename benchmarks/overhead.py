@@ -34,6 +34,10 @@ of 3 sessions gives each side each place equally often). Everything is over the 
 - template extra s/epoch: the difference in wall time from one epoch's start to the next, everything
   included (validation, checkpoint, epoch-end logging): the template's fixed cost per epoch.
 
+Cases: on a CPU, small images (``CASES``); on a GPU, the job's settings at each network's fastest precision
+(``GPU_CASES``). Both sides wait for the device at every stamp, as :mod:`benchmarks._common` says, which on
+a GPU costs each side the same refill of its queue every step.
+
 The last line printed is the headline: the smallest throughput ratio over the cases.
 """
 
@@ -46,6 +50,8 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from benchmarks._common import (
     CLOCKS,
@@ -75,13 +81,21 @@ CASES = [
     Setup("mobilenet_v2", image_size=32, batch_size=128, train_batches=24),
     Setup("resnet50", image_size=32, batch_size=64, train_batches=6),
 ]
-# --options: the template's speed options, measured on the cheapest case (compile takes minutes).
-OPTION_CASES = [
-    replace(CASES[0], channels_last=False),
-    replace(CASES[0], precision="bf16-mixed"),
-    replace(CASES[0], compile=True),
-    replace(CASES[0], host_memory_reuse=False),
+# On a GPU: the job's settings (112 px, global batch 256), each network at the precision that trained it
+# fastest on an H100 (benchmarks/results/gpu-nvidia-h100-80gb-hbm3/): MobileNetV2 in fp32 (TF32; bf16-mixed
+# was 1.4x slower there), ResNet50 in bf16-mixed (its fp32 run was not reached there).
+GPU_CASES = [
+    Setup("mobilenet_v2", image_size=112, batch_size=256, train_batches=40),
+    Setup("resnet50", image_size=112, batch_size=256, train_batches=20, precision="bf16-mixed"),
 ]
+# --options: the template's speed options, measured on the cheapest case (compile takes minutes).
+OPTIONS = [{"channels_last": False}, {"precision": "bf16-mixed"}, {"compile": True}, {"host_memory_reuse": False}]
+
+
+def chosen_cases(options: bool) -> list[Setup]:
+    """The cases of this machine (a GPU's, or a CPU's), with ``--options``' variations of the first."""
+    cases = GPU_CASES if torch.cuda.is_available() else CASES
+    return cases + ([replace(cases[0], **option) for option in OPTIONS] if options else [])
 
 
 def measure(setup: Setup, repeats: int, threads: int, work: Path, clock: str) -> dict[str, Any]:
@@ -128,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
         help="also measure --model.channels_last=false, --trainer.precision=bf16-mixed and --model.compile=true",
     )
     args = parse(parser, argv)
-    cases = CASES + (OPTION_CASES if args.options else [])
+    cases = chosen_cases(args.options)
     started = time.perf_counter()
     print(f"overhead: {machine(args.threads)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="overhead-") as work:

@@ -373,3 +373,17 @@ def test_the_timing_cost_runs_a_real_session_of_every_variant(monkeypatch: pytes
     on, off = case["runs"]["on"], case["runs"]["off"]
     assert case["ratios"]["on"] == pytest.approx(sum(on) / sum(off))  # one session: its mean over off's
     assert "timing_cost: min on/off speed ratio" in (tmp_path / "timing_cost.md").read_text()
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_the_comparisons_take_the_cases_of_the_machine(monkeypatch: pytest.MonkeyPatch, gpu: bool) -> None:
+    from benchmarks import inference, overhead
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    fits = overhead.chosen_cases(options=True)
+    evaluations = inference.chosen_cases(options=False)
+    size, batch = (112, 256) if gpu else (32, 128)  # on a GPU the job's settings; on a CPU small images
+    assert fits[0].image_size == size and fits[0].batch_size == batch
+    assert [f.compile for f in fits].count(True) == 1 and fits[-1].host_memory_reuse is False  # --options
+    assert {setup.image_size for _, _, setup, _, _ in evaluations} == {size}
+    assert [b for *_, b, kind in evaluations if kind == "throughput"][0] == batch
