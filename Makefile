@@ -84,8 +84,8 @@ bench-parity: $(VENV)/.installed-parity  ## same test accuracy as the plain loop
 	$(PY) -m benchmarks.parity $(ARGS)
 
 # Every CUDA path (precisions, compile, on-device data, ddp/fsdp/dp/deepspeed on one GPU, test/predict/resume from
-# a checkpoint, the NaN guard, the timing callback's cost) on this machine's GPU, in minutes, on synthetic data.
-# Report in benchmarks/results/gpu-<device>/; ARGS go to the script, e.g. ARGS="--paths bf16-mixed,compile".
+# a checkpoint, the NaN guard) on this machine's GPU, in minutes, on synthetic data.
+# Report in benchmarks/results/gpu-<device>/; ARGS go to the script, e.g. ARGS="--paths bf16-mixed,compile --jobs 4".
 # Without a CUDA GPU it says so in one line and runs nothing.
 .PHONY: gpu-check
 gpu-check: $(VENV)/.installed  ## check every CUDA path on this GPU (benchmarks/gpu_check.py)

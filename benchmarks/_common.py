@@ -139,6 +139,17 @@ class Setup:
         ]
 
 
+# The job on a GPU: 112 px, global batch 256, each network at the precision that trained it fastest on an H100
+# (benchmarks/results/gpu-nvidia-h100-80gb-hbm3/): MobileNetV2 in fp32 (TF32; bf16-mixed was 1.4x slower
+# there), ResNet50 in bf16-mixed (its fp32 run was not reached there).
+GPU_FASTEST_PRECISION = {"mobilenet_v2": "32-true", "resnet50": "bf16-mixed"}
+
+
+def gpu_job_setup(arch: str, **options: Any) -> Setup:
+    """The job's setup on a GPU for ``arch`` (MobileNetV2 or ResNet50), with ``options`` on top."""
+    return Setup(arch, image_size=112, batch_size=256, precision=GPU_FASTEST_PRECISION[arch], **options)
+
+
 # --------------------------------------------------------------------------- running a side
 
 

@@ -15,7 +15,7 @@ calls are limited in time, so the runs may take several).
 
 It writes ``gpu-job.md`` (one row per run: steady epoch seconds, the fit's training time -- the sum of its
 epochs' training seconds, validation excluded -- images/s, MFU, data wait, peak memory, where a steady
-step's time went, and what the device did in 5 profiled steps of the first epoch:
+step's time went, and with ``--profile`` what the device did in 5 profiled steps of the first epoch:
 :class:`~project.toolkit.measure.step_profile.StepProfile`) and the raw ``gpu-job.json`` into ``--out``.
 Without a CUDA GPU it prints one line and exits 0.
 """
@@ -31,8 +31,8 @@ from typing import Any
 
 from benchmarks.gpu_check import RESULTS, last_lines, newest_run, newest_timing, no_gpu_line, run_logged, slug
 from project.toolkit.bench.matrix import project_command
-from project.toolkit.measure.step_profile import StepProfile, describe
 
+PROFILE = "project.toolkit.measure.step_profile.StepProfile"  # its default window: steps 21-25, in the first epoch
 CIFAR_TRAIN = 50_000  # CIFAR-10's training set, of which val_size is held out; its test set is a fifth of it
 VAL_SIZE = 5_000
 
@@ -90,6 +90,7 @@ def anatomy_cell(parts: dict[str, Any]) -> str:
 
 
 def write_report(results: list[dict[str, Any]], environment: dict[str, Any], out: Path, command: str) -> Path:
+    from project.toolkit.measure.step_profile import one_line  # imports Lightning: only when reporting
     from project.toolkit.measure.tables import markdown_table, number
 
     out.mkdir(parents=True, exist_ok=True)
@@ -109,7 +110,7 @@ def write_report(results: list[dict[str, Any]], environment: dict[str, Any], out
                 number(f.get("data_wait_fraction"), 1, missing="–", scale=100),
                 number(f.get("peak_memory_mb"), 0, missing="–"),
                 anatomy_cell(f.get("step_anatomy") or {}),
-                describe(f["step_profile"]) if f.get("step_profile") else "–",
+                one_line(f["step_profile"]) if f.get("step_profile") else "–",
             ]
         )
     header = ["run", "result", "input", "epoch 1 s", "steady s/epoch", "training s", "img/s", "MFU %"]
@@ -121,9 +122,9 @@ def write_report(results: list[dict[str, Any]], environment: dict[str, Any], out
         f"data of CIFAR-10's size ({CIFAR_TRAIN - VAL_SIZE:,} training, {VAL_SIZE:,} validation images), one GPU.",
         "Figures from each run's `timing.json`: steady = the epochs after the first; training s = all epochs'",
         "training time (validation and checkpoints excluded); img/s and data wait over the steady epochs;",
-        "a steady step = `step_anatomy` (rank 0, 5 steady steps timed with device events); profiled steps = 5 steps",
-        "of the first epoch under torch.profiler (`step_profile.json`, `StepProfile`): the device's busy share of",
-        "their wall time, kernel launches and host syncs per step, profiler overhead included.",
+        "a steady step = `step_anatomy` (rank 0, 5 steady steps timed with device events); profiled steps (runs",
+        "with `--profile`) = 5 steps of the first epoch under torch.profiler (`StepProfile`): the device's busy",
+        "share of their wall time, kernel launches and host syncs per step, the profiler's overhead included.",
         "",
         markdown_table(["", "value"], [[k, f"`{v}`"] for k, v in environment.items()]),
         "",
@@ -144,9 +145,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="report folder (default: benchmarks/results/gpu-<device>)")
     parser.add_argument("--runs", type=Path, required=True, help="the runs' folders (checkpoints, logs) go here")
     parser.add_argument("--resnet-epochs", type=int, default=3, help="ResNet50's epochs (3)")
-    parser.add_argument("--only", help="comma-separated run numbers (0-based, in the order above) to run; default all")
+    numbered = "; ".join(f"{i}: {name}" for i, (name, _) in enumerate(runs(3)))
+    parser.add_argument("--only", help=f"comma-separated run numbers to run ({numbered}); default all")
     parser.add_argument("--timeout-minutes", type=float, default=8.0, help="per run (default 8)")
+    parser.add_argument("--max-epochs", type=int, help="every run's epochs instead of its own (default: its own)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile steps 21-25 of each run (StepProfile): what the device did, at the price of the first "
+        "epoch's time, which then holds the profiler's",
+    )
     args = parser.parse_args(argv)
+    chosen = runs(args.resnet_epochs)
+    if args.only:
+        picked = args.only.split(",")
+        if not all(i.isdigit() and int(i) < len(chosen) for i in picked):
+            parser.error(f"--only={args.only}: comma-separated numbers from 0 to {len(chosen) - 1}")
+        chosen = [chosen[int(i)] for i in picked]
     line = no_gpu_line()
     if line is not None:
         print(line.replace("gpu-check", "gpu-job"))
@@ -156,9 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     environment = run_environment()
     out = args.out or RESULTS / f"gpu-{slug(environment['device_name'])}"
     command = shlex.join(["python", "-m", "benchmarks.gpu_job", *(sys.argv[1:] if argv is None else argv)])
-    chosen = runs(args.resnet_epochs)
-    if args.only:
-        chosen = [chosen[int(i)] for i in args.only.split(",")]
     # An earlier call's runs in the same report are kept, unless run again: the runs can be split over calls.
     earlier = out / "gpu-job.json"
     kept = json.loads(earlier.read_text())["runs"] if earlier.is_file() else []
@@ -176,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
             "--trainer.devices=1",
             "--trainer.enable_progress_bar=false",
             f"--trainer.default_root_dir={folder}",
-            f"--trainer.callbacks+={StepProfile.__module__}.StepProfile",  # steps 21-25, in the first epoch
             *options,
+            *([f"--trainer.max_epochs={args.max_epochs}"] if args.max_epochs else []),
+            *([f"--trainer.callbacks+={PROFILE}"] if args.profile else []),
         ]
         cmd = project_command("fit", fit)
         print(f"gpu-job: {name}: {shlex.join(cmd)}", flush=True)

@@ -9,21 +9,45 @@
 # Stages, each writing its report under OUT/<stage>/ and its output to OUT/<stage>.log:
 #   check    python -m benchmarks.gpu_check: every CUDA path, 4 at a time
 #   job      python -m benchmarks.gpu_job: configs/default.yaml's job, default input and loader, fp32/bf16
+#   profile  python -m benchmarks.gpu_job --profile: 5 steps of three of its runs under the profiler
 #   timing   python -m benchmarks.timing_cost: the timing callback off / on / synchronising every step
 #   overhead python -m benchmarks.overhead: training, template vs plain PyTorch on this GPU
 #   inference python -m benchmarks.inference: test and predict, likewise
-#   bench    python -m project bench --config configs/bench/gpu1.yaml
-# On one H100: check about 2 minutes, job about 7 (its six runs); bench about 15 (measured, the MobileNetV2
-# cells); timing, overhead and inference not run yet (estimated 5-10 minutes each).
+#   bench    python -m project bench --config configs/bench/gpu1.yaml; its tables from the finished cells
+# On one H100: check about 2 minutes, job about 7 (five of its six runs took 6.6); bench about 15 (its
+# MobileNetV2 cells took 95-147 s each); profile, timing, overhead and inference not run yet (estimated
+# 2-10 minutes each).
 # A stage is not started after DEADLINE_S seconds (default 540), and each is stopped at it, so the whole
 # command ends inside a 10-minute limit; the runs' folders are kept in OUT/runs/, and every report is
 # printed last. Exit status 0 when every stage ran to its end with status 0.
 set -u
+if [ $# -lt 2 ]; then
+  echo "usage: bash benchmarks/gpu_run.sh OUT STAGE... (stages: check job profile timing overhead inference bench)" >&2
+  exit 2
+fi
 out=$(realpath -m "$1")
 shift
-mkdir -p "$out"
 deadline=${DEADLINE_S:-540}
 runs=$out/runs
+
+stage_command() {
+  case $1 in
+    check) echo python3 -m benchmarks.gpu_check --out "$out/check" --runs "$runs/check" --jobs 4 --timeout-minutes 3 ;;
+    job) echo python3 -m benchmarks.gpu_job --out "$out/job" --runs "$runs/job" ;;
+    timing) echo python3 -m benchmarks.timing_cost --out "$out/timing" ;;
+    overhead) echo python3 -m benchmarks.overhead --out "$out/overhead" ;;
+    inference) echo python3 -m benchmarks.inference --out "$out/inference" ;;
+    profile) echo python3 -m benchmarks.gpu_job --profile --max-epochs 1 --only 0,1,3 --out "$out/profile" \
+      --runs "$runs/profile" ;;
+    bench) echo python3 -m project bench --config configs/bench/gpu1.yaml --out "$runs/bench" ;;
+    *) echo "gpu_run: unknown stage $1; choose from check job profile timing overhead inference bench" >&2; return 1 ;;
+  esac
+}
+
+for stage in "$@"; do  # every stage known before any runs
+  stage_command "$stage" > /dev/null || exit 2
+done
+mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if ! python3 -c 'import jsonargparse' 2>/dev/null && [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -36,22 +60,10 @@ export PYTHONUNBUFFERED=1
 "lightning", lightning.__version__, "torchvision", torchvision.__version__, "cuda", torch.version.cuda)'
 } > "$out/environment.txt" 2>&1
 
-stage_command() {
-  case $1 in
-    check) echo python3 -m benchmarks.gpu_check --out "$out/check" --runs "$runs/check" --jobs 4 --timeout-minutes 3 ;;
-    job) echo python3 -m benchmarks.gpu_job --out "$out/job" --runs "$runs/job" ;;
-    timing) echo python3 -m benchmarks.timing_cost --out "$out/timing" ;;
-    overhead) echo python3 -m benchmarks.overhead --out "$out/overhead" ;;
-    inference) echo python3 -m benchmarks.inference --out "$out/inference" ;;
-    bench) echo python3 -m project bench --config configs/bench/gpu1.yaml --out "$runs/bench" \
-      "; cp $runs/bench/results.* $out/bench/" ;;  # also after failed cells: the others are in it
-    *) echo "gpu_run: unknown stage $1; choose from check job timing overhead inference bench" >&2; return 1 ;;
-  esac
-}
 
 status=0  # 1 when a stage failed, was stopped at the deadline, or did not start
 for stage in "$@"; do
-  command=$(stage_command "$stage") || exit 2
+  command=$(stage_command "$stage")
   left=$((deadline - SECONDS))
   if [ "$left" -le 20 ]; then
     echo "gpu_run: $stage not started: the deadline (${deadline} s) is reached" | tee -a "$out/skipped.txt"
@@ -64,6 +76,9 @@ for stage in "$@"; do
   code=$?
   echo "gpu_run: $stage exit $code at ${SECONDS} s"
   [ "$code" -eq 0 ] || status=1
+  if [ "$stage" = bench ]; then  # its tables, also when cells failed or the deadline cut it: the finished cells'
+    python3 -m project compare --out "$out/bench" "$runs/bench/runs" > "$out/bench-compare.log" 2>&1
+  fi
 done
 
 cat "$out/environment.txt"

@@ -64,6 +64,7 @@ from benchmarks._common import (
     eval_between,
     eval_latency,
     eval_step_cycle,
+    gpu_job_setup,
     machine,
     on,
     parse,
@@ -93,10 +94,9 @@ OPTION_CASES = [
     ("test bf16-mixed", "test", replace(MOBILENET, precision="bf16-mixed"), 128, "throughput"),
     ("test no host memory reuse", "test", replace(MOBILENET, host_memory_reuse=False), 128, "throughput"),
 ]
-# On a GPU: the job's settings (112 px, batch 256), each network at the precision that trained it fastest on an
-# H100 (benchmarks/overhead.py's GPU_CASES says which); batch-1 latency as on a CPU, at 112 px.
-GPU_MOBILENET = Setup("mobilenet_v2", image_size=112, batch_size=256, test_batches=24)
-GPU_RESNET = Setup("resnet50", image_size=112, batch_size=256, test_batches=24, precision="bf16-mixed")
+# On a GPU: the job's settings (benchmarks._common.gpu_job_setup); batch-1 latency as on a CPU, at 112 px.
+GPU_MOBILENET = gpu_job_setup("mobilenet_v2", test_batches=24)
+GPU_RESNET = gpu_job_setup("resnet50", test_batches=24)
 GPU_CASES = [
     ("test mobilenet_v2", "test", GPU_MOBILENET, 256, "throughput"),
     ("predict mobilenet_v2", "predict", GPU_MOBILENET, 256, "throughput"),
@@ -139,6 +139,13 @@ def main(argv: list[str] | None = None) -> None:
                 floor = number(entry[f"lightning_{c}_ratio"], 3)
                 rows.append([name, setup.label, str(batch), c, *values, number(entry[f"{c}_ratio"], 3), ratios, floor])
             report.append(entry)
+            publish_so_far(args, report, rows, started)  # after each case: a run stopped midway keeps them
+
+
+def publish_so_far(
+    args: argparse.Namespace, report: list[dict[str, Any]], rows: list[list[str]], started: float
+) -> None:
+    """``inference.{md,json}`` with the cases measured so far (``report``, their table ``rows``)."""
     header = ["case", "model", "batch", "clock", *SIDES, "unit", "ratio", "session ratios", "lightning ratio"]
     split_rows = [
         [

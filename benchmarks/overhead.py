@@ -43,6 +43,7 @@ The last line printed is the headline: the smallest throughput ratio over the ca
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import tempfile
 import time
@@ -60,6 +61,7 @@ from benchmarks._common import (
     balanced,
     common_arguments,
     epoch_throughput,
+    gpu_job_setup,
     machine,
     on,
     parse,
@@ -81,13 +83,8 @@ CASES = [
     Setup("mobilenet_v2", image_size=32, batch_size=128, train_batches=24),
     Setup("resnet50", image_size=32, batch_size=64, train_batches=6),
 ]
-# On a GPU: the job's settings (112 px, global batch 256), each network at the precision that trained it
-# fastest on an H100 (benchmarks/results/gpu-nvidia-h100-80gb-hbm3/): MobileNetV2 in fp32 (TF32; bf16-mixed
-# was 1.4x slower there), ResNet50 in bf16-mixed (its fp32 run was not reached there).
-GPU_CASES = [
-    Setup("mobilenet_v2", image_size=112, batch_size=256, train_batches=40),
-    Setup("resnet50", image_size=112, batch_size=256, train_batches=20, precision="bf16-mixed"),
-]
+# On a GPU: the job's settings (benchmarks._common.gpu_job_setup).
+GPU_CASES = [gpu_job_setup("mobilenet_v2", train_batches=40), gpu_job_setup("resnet50", train_batches=20)]
 # --options: the template's speed options, measured on the cheapest case (compile takes minutes).
 OPTIONS = [{"channels_last": False}, {"precision": "bf16-mixed"}, {"compile": True}, {"host_memory_reuse": False}]
 
@@ -145,8 +142,15 @@ def main(argv: list[str] | None = None) -> None:
     cases = chosen_cases(args.options)
     started = time.perf_counter()
     print(f"overhead: {machine(args.threads)}", flush=True)
+    results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="overhead-") as work:
-        results = [measure(case, args.repeats, args.threads, Path(work), args.clock) for case in cases]
+        for case in cases:  # published after each case: a run stopped midway keeps what it measured
+            results.append(measure(case, args.repeats, args.threads, Path(work), args.clock))
+            publish_so_far(args, results, started)
+
+
+def publish_so_far(args: argparse.Namespace, results: list[dict[str, Any]], started: float) -> None:
+    """``overhead.{md,json}`` with the cases measured so far."""
     header = [
         "case",
         "batch",

@@ -14,12 +14,13 @@ adds, per step and per epoch. Checkpoints are off in all three (their writing wo
 difference). A session's ratio is a variant's mean speed over the off variant's; the headline is
 :func:`benchmarks._common.balanced` over the sessions, and the goal (issue 18) the default within 1 % of off.
 
-Cases: on a GPU, MobileNetV2 and ResNet50 at 112 px, global batch 256, bf16-mixed, the data on the GPU (the
-job's settings); on a CPU, MobileNetV2 at 32 px, where the callback's per-step work weighs the most.
+Cases: on a GPU, MobileNetV2 and ResNet50 with the job's settings (:func:`benchmarks._common.gpu_job_setup`);
+on a CPU, MobileNetV2 at 32 px, where the callback's per-step work weighs the most.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -33,23 +34,20 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.data import extract_batch_size
 
-from benchmarks._common import Setup, balanced, common_arguments, machine, parse, publish, run
+from benchmarks._common import ROUND, Setup, balanced, common_arguments, gpu_job_setup, machine, parse, publish, run
 from benchmarks.paired import order
 from benchmarks.plain import reuse_freed_host_memory
-from project.toolkit.measure.devices import synchronizer
+from project.toolkit.measure.devices import HostClock, synchronizer
 from project.toolkit.measure.tables import number
 
 GOAL = 0.99
-# name -> the options that make it. Three, as the comparisons have three sides: balanced() averages rounds of 3.
-VARIANTS = {
+VARIANTS = {  # name -> the options that make it
     "off": ("--callbacks.timing=false",),
     "on": (),
     "sync every step": ("--timing.sync_every_step=true",),
 }
-GPU_CASES = [
-    Setup(arch, image_size=112, batch_size=256, train_batches=60, epochs=4, precision="bf16-mixed", on_device=True)
-    for arch in ("mobilenet_v2", "resnet50")
-]
+assert len(VARIANTS) == ROUND, "balanced() averages rounds of as many sessions as a session has variants"
+GPU_CASES = [gpu_job_setup(arch, train_batches=60, epochs=4) for arch in ("mobilenet_v2", "resnet50")]
 CPU_CASES = [Setup("mobilenet_v2", image_size=32, batch_size=64, train_batches=8, epochs=3)]
 
 
@@ -61,17 +59,16 @@ class EpochWalls(Callback):
     def __init__(self, path: str) -> None:
         self.path = Path(path)
         self.epochs: list[dict[str, float]] = []
-        self._sync = lambda: None
+        self._clock = HostClock()
         self._start = self._validation_start = self._validation = 0.0
         self._images = 0
         self._in_epoch = False
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._sync = synchronizer(trainer.strategy.root_device) or (lambda: None)
+        self._clock = HostClock(synchronizer(trainer.strategy.root_device))
 
     def _now(self) -> float:
-        self._sync()
-        return time.perf_counter()
+        return self._clock.wait()
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start, self._validation, self._images, self._in_epoch = self._now(), 0.0, 0, True
@@ -176,8 +173,15 @@ def main(argv: list[str] | None = None) -> None:
     cases = GPU_CASES if torch.cuda.is_available() else CPU_CASES
     started = time.perf_counter()
     print(f"timing_cost: {machine(args.threads)}", flush=True)
+    results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="timing-cost-") as work:
-        results = [measure(case, args.repeats, args.threads, Path(work)) for case in cases]
+        for case in cases:  # published after each case: a run stopped midway keeps what it measured
+            results.append(measure(case, args.repeats, args.threads, Path(work)))
+            publish_so_far(args, results, started)
+
+
+def publish_so_far(args: argparse.Namespace, results: list[dict[str, Any]], started: float) -> None:
+    """``timing_cost.{md,json}`` with the cases measured so far."""
     header = ["case", *(f"{name} img/s" for name in VARIANTS), "on / off", "sync / off", "sessions (on / off)"]
     rows = [
         [

@@ -73,7 +73,7 @@ def test_without_a_gpu_one_line_and_nothing_run(
 
 def test_every_run_on_the_default_config_with_its_figures(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     commands = stand_in(monkeypatch, {})
-    assert gpu_job.main(["--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs")]) == 0
+    assert gpu_job.main(["--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs"), "--profile"]) == 0
     assert len(commands) == len(gpu_job.runs(3)) == 6
     assert all("--config=configs/default.yaml" in c and "--data.synthetic_size=50000" in c for c in commands)
     assert sum("--data.on_device=false" in c for c in commands) == 2
@@ -93,8 +93,10 @@ def test_a_failed_run_is_reported_and_earlier_runs_are_kept(monkeypatch: pytest.
     stand_in(monkeypatch, {})
     assert gpu_job.main(["--out", str(out), "--runs", str(runs), "--only", "0,1"]) == 0
     failing: dict[str, Any] = {"resnet50-bf16-mixed-default-input": 1}
-    stand_in(monkeypatch, failing)
-    assert gpu_job.main(["--out", str(out), "--runs", str(runs / "again"), "--only", "1"]) == 1
+    commands = stand_in(monkeypatch, failing)
+    assert gpu_job.main(["--out", str(out), "--runs", str(runs / "again"), "--only", "1", "--max-epochs", "2"]) == 1
+    assert not any("StepProfile" in arg for arg in commands[0])  # no profile without --profile
+    assert commands[0][-1] == "--trainer.max_epochs=2"  # after the run's own --trainer.max_epochs=3
     saved = json.loads((out / "gpu-job.json").read_text())["runs"]
     assert [(r["name"], r["code"]) for r in saved] == [
         ("mobilenet_v2 bf16-mixed, default input", 0),

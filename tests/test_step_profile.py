@@ -60,6 +60,19 @@ def test_the_host_syncs_of_a_step_are_counted(tmp_path: Path, reads: int) -> Non
     assert sum(e.get("name") == "project.step" for e in trace) == 3  # the window's steps, no more
 
 
+def test_the_window_counts_training_steps_also_under_gradient_accumulation(tmp_path: Path) -> None:
+    profile = StepProfile(first_step=2, steps=3)
+    trainer = Trainer(
+        accelerator="cpu", max_epochs=1, limit_train_batches=10, accumulate_grad_batches=2, callbacks=[profile],
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(ReadsItsLoss(1), DataLoader(TensorDataset(torch.randn(80, 4)), batch_size=8))
+    assert profile.summary is not None and profile.summary["steps"] == 3 and profile.summary["host_reads"] == 1
+    trace = json.loads((tmp_path / "step_profile.trace.json").read_text())["traceEvents"]
+    assert sum(e.get("name") == "project.step" for e in trace) == 3  # steps 2-4, then no second window
+
+
 def test_bad_options_get_one_line() -> None:
     allowed = r"StepProfile\(first_step=-1, steps=5\) is not allowed: first_step >= 0, steps >= 1"
     with pytest.raises(ProjectError, match=allowed):
@@ -82,12 +95,13 @@ def test_a_run_that_ends_before_the_window_says_so(tmp_path: Path, caplog: pytes
     )  # fmt: skip
     trainer.fit(ReadsItsLoss(0), DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=8))
     assert profile.summary is None and not (tmp_path / "step_profile.json").exists()
-    assert "the run ended at step 3, before step 50; nothing profiled" in caplog.text
+    assert "the run ended after 3 training steps, before step 50; nothing profiled" in caplog.text
 
 
 def test_device_figures_from_a_cuda_trace() -> None:
     """The trace of 2 steps in 10 ms as CUDA writes it: kernels (two of them overlapping), a copy, their launches,
-    the runtime's waits (one of them the profiler's own) and a read of a value."""
+    a read of a value (which waits through a stream sync of its own), another stream sync, and the profiler's
+    own closing wait."""
     events = [
         {"cat": "kernel", "name": "conv", "ts": 0.0, "dur": 3000.0},
         {"cat": "kernel", "name": "conv", "ts": 2000.0, "dur": 2000.0},  # overlaps the first by 1 ms
@@ -95,13 +109,14 @@ def test_device_figures_from_a_cuda_trace() -> None:
         {"cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 6000.0, "dur": 500.0},
         *({"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 0.0, "dur": 5.0} for _ in range(3)),
         {"cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 0.0, "dur": 5.0},
-        {"cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 0.0, "dur": 5.0},
-        {"cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "ts": 0.0, "dur": 5.0},
-        {"cat": "cpu_op", "name": "aten::_local_scalar_dense", "ts": 0.0, "dur": 10.0},
+        {"cat": "cpu_op", "name": "aten::_local_scalar_dense", "ts": 100.0, "dur": 50.0},
+        {"cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 120.0, "dur": 5.0},  # the read's own
+        {"cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 500.0, "dur": 5.0},
+        {"cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "ts": 900.0, "dur": 5.0},  # the profiler's
     ]
     summary = summarise(events, wall=0.010, steps=2, own_syncs=1)
     assert summary["device_busy_seconds"] == pytest.approx(0.005 / 2)  # 4 + 0.5 + 0.5 ms over 2 steps
     assert summary["device_idle_fraction"] == pytest.approx(0.5)
     assert summary["kernels"] == 1.5 and summary["launches"] == 1.5
-    assert summary["host_syncs"] == 1.0 and summary["host_reads"] == 0.5  # a stream sync and a read, over 2 steps
+    assert summary["host_syncs"] == 1.0 and summary["host_reads"] == 0.5  # the read and the other sync, over 2 steps
     assert summary["top_device_ms"][0] == ["conv", 2.5]

@@ -478,3 +478,25 @@ def test_fsdp_evaluates_under_no_grad_in_every_loop(tmp_path: Path, no_grad: boo
     trainer.test(model, verbose=False)
     trainer.predict(model)
     assert model.seen == {"fit": False, **dict.fromkeys(("validate", "test", "predict"), not no_grad)}
+
+
+def test_the_fsdp_strategy_switches_the_evaluation_loops_to_no_grad_when_it_sets_up(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The wiring of the test above: FullyShardedStrategy.setup calls it (the sharding and Lightning's own
+    set-up, which need a process group, stood in for)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from project.toolkit.strategies import fsdp
+
+    monkeypatch.setattr(ModelParallelStrategy, "setup", lambda self, trainer: None)
+    monkeypatch.setattr(fsdp, "check_module", lambda module, name: None)
+    monkeypatch.setattr(fsdp, "FSDPModule", torch.nn.Module)  # the network counts as sharded already
+    trainer = Trainer(accelerator="cpu", logger=False, default_root_dir=tmp_path)
+    strategy = fsdp.FullyShardedStrategy()
+    strategy._lightning_module = RecordsInferenceMode()
+    strategy._lightning_module.net = torch.nn.Linear(2, 2)
+    assert trainer.test_loop.inference_mode  # Lightning's default
+    strategy.setup(trainer)
+    loops = (trainer.validate_loop, trainer.test_loop, trainer.predict_loop)
+    assert [loop.inference_mode for loop in loops] == [False, False, False]

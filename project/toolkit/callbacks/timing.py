@@ -20,9 +20,10 @@ What each figure is (``timing.json`` in the run folder holds them; ``docs/timing
   it is the host's tracing and dispatch only (a per-step wait would serialise the lazy pipeline):
   there, epoch times are the ones to compare. ``sync_every_step=True`` gives the old, fully
   synchronised per-step wall times everywhere, at the cost of that overlap;
-- data wait: host time from the end of one training batch to the start of the next (the loop
-  waiting for the loader, the copy to the device, the on-device augmentation, the loop's
-  bookkeeping), as a fraction of the epoch time, beside the input path the run took
+- data wait: from the end of one training batch to the start of the next (the loop waiting for the
+  loader, the copy to the device, the on-device augmentation, the loop's bookkeeping), on the device's
+  clock as the iteration is (on CUDA the GPU's time between the two events: idle, or on the batch's
+  preparation), as a fraction of the epoch time, beside the input path the run took
   (``input_path``, ``num_workers``, ``input_path_reason``); above 10 % a line says so and names the
   option that would help;
 - test / predict: per-batch latency (mean, std, p50, p90, p99; on CUDA from events as above) after
@@ -170,6 +171,8 @@ class TimingCallback(Callback):
         self._anatomy.place(trainer.current_epoch, trainer.num_training_batches)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if not self._train.in_epoch:  # resumed mid-epoch: Lightning calls no on_train_epoch_start then
+            self._train.start_epoch(self._clock.wait())
         self._train.start_batch()
         self._anatomy.batch_start()
         if self.block_times and self._images_like is None:  # what the blocks' timing after the fit feeds them

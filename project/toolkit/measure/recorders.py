@@ -101,17 +101,19 @@ class InferenceRecorder:
         in an H100's test of MobileNetV2 one batch, most likely that one, took about 2.8 s against a median
         of 8 ms, and the test's images/s read 3,000 for about 30,000."""
         seconds = [self.clock.seconds(start, end) for start, end in self.marks]
-        kept = [i for i in new_shapes_left_out(self.samples) if i >= warmup] or list(range(len(seconds)))
+        after = [i for i in range(len(seconds)) if i >= warmup]
+        # with nothing left, the warm-up's end; with nothing after the warm-up, everything
+        kept = [i for i in measured_batches(self.samples) if i >= warmup] or after or list(range(len(seconds)))
         latencies = [seconds[i] for i in kept]
         stats = [nan_for_none(v) for v in describe(latencies).values()]
         return InferenceRecord(*stats, len(latencies), sum(self.samples[i] for i in kept), sum(latencies))
 
 
-def new_shapes_left_out(sizes: list[int]) -> list[int]:
+def measured_batches(sizes: list[int]) -> list[int]:
     """The indices of the batches to measure: all but the first batch of each size that appears after the
     first batch (the start is the warm-up's to leave out).
 
-    >>> new_shapes_left_out([256, 256, 256, 16]), new_shapes_left_out([1, 1]), new_shapes_left_out([256, 16, 16])
+    >>> measured_batches([256, 256, 256, 16]), measured_batches([1, 1]), measured_batches([256, 16, 16])
     ([0, 1, 2], [0, 1], [0, 2])
     """
     seen = set(sizes[:1])

@@ -25,7 +25,6 @@ epoch, which the timing callback's steady figures leave out, so that the profile
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
-from project.toolkit.measure.devices import synchronizer
+from project.toolkit.measure.devices import HostClock, synchronizer
 
 log = get_logger(__name__)
 
@@ -47,7 +46,8 @@ TOP = 8  # kernels and operators listed
 
 
 class StepProfile(Callback):
-    """Profile ``steps`` training steps from global step ``first_step`` (0-based) on rank 0; write
+    """Profile ``steps`` training steps (``training_step`` calls, so batches) from this process's step
+    ``first_step`` (0-based) on rank 0; write
     ``step_profile.json`` and ``step_profile.trace.json`` into the run folder. A run that ends inside the
     window writes what it profiled; one that ends before it says so in one line."""
 
@@ -61,36 +61,38 @@ class StepProfile(Callback):
         self._profiler: profile | None = None
         self._annotation: record_function | None = None
         self._start = 0.0
-        self._profiled = 0  # steps done in the window
-        self._sync = lambda: None
+        self._seen = 0  # training steps this process has finished
+        self._profiled = 0  # of them, in the window
+        self._folder = Path()
+        self._clock = HostClock()
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._sync = synchronizer(trainer.strategy.root_device) or (lambda: None)
+        self._clock = HostClock(synchronizer(trainer.strategy.root_device))
 
-    def _profiling(self, trainer: Trainer) -> bool:
-        return trainer.is_global_zero and self.first_step <= trainer.global_step < self.first_step + self.steps
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # On every rank: Lightning broadcasts log_dir from rank 0, a collective that rank 0 alone would hang in.
+        self._folder = Path(trainer.log_dir or trainer.default_root_dir)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if not self._profiling(trainer):
+        if not (trainer.is_global_zero and self.first_step <= self._seen < self.first_step + self.steps):
             return
         if self._profiler is None:
-            self._sync()  # the window starts with nothing queued: the device's time in it is these steps'
             cuda = trainer.strategy.root_device.type == "cuda"
             activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
             self._profiler = profile(activities=activities)
             self._profiler.__enter__()
-            self._start = time.perf_counter()
+            self._start = self._clock.wait()  # nothing queued when the window starts: its device time is its steps
         self._annotation = record_function(STEP)
         self._annotation.__enter__()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        self._seen += 1
         if self._annotation is None:
             return
         self._annotation.__exit__(None, None, None)
         self._annotation = None
-        # global_step already counts this step
         self._profiled += 1
         if self._profiled == self.steps:
             self._finish(trainer)
@@ -100,18 +102,17 @@ class StepProfile(Callback):
             self._finish(trainer)
         elif self.summary is None and trainer.is_global_zero:
             log.warning(
-                "step profile: the run ended at step %d, before step %d; nothing profiled "
+                "step profile: the run ended after %d training steps, before step %d; nothing profiled "
                 "(--trainer.callbacks.first_step sets where the window starts)",
-                trainer.global_step,
+                self._seen,
                 self.first_step,
             )
 
     def _finish(self, trainer: Trainer) -> None:
         assert self._profiler is not None
-        self._sync()  # recorded in the trace: one of the syncs counted, taken off below
-        wall = time.perf_counter() - self._start
+        wall = self._clock.wait() - self._start  # its wait is in the trace: one of the syncs, taken off below
         self._profiler.__exit__(None, None, None)
-        folder = Path(trainer.log_dir or trainer.default_root_dir)
+        folder = self._folder
         folder.mkdir(parents=True, exist_ok=True)
         trace = folder / "step_profile.trace.json"
         self._profiler.export_chrome_trace(str(trace))
@@ -137,6 +138,10 @@ def union_seconds(spans: list[tuple[float, float]]) -> float:
     return total / 1e6
 
 
+def _within(ts: float, spans: list[tuple[float, float]]) -> bool:
+    return any(start <= ts <= end for start, end in spans)
+
+
 def _top(durations: Counter, steps: int) -> list[list[Any]]:
     """``[name, milliseconds per step]`` of the ``TOP`` largest."""
     return [[name, round(us / 1000 / steps, 4)] for name, us in durations.most_common(TOP)]
@@ -148,13 +153,15 @@ def summarise(events: list[dict[str, Any]], wall: float, steps: int, own_syncs: 
     device = [e for e in events if e.get("cat") in DEVICE_WORK]
     runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
     operators = [e for e in events if e.get("cat") == "cpu_op"]
-    syncs = sum(e["name"] in SYNC_CALLS for e in runtime) - own_syncs
-    reads = sum(e["name"] == HOST_READ for e in operators)
+    read_spans = [(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in operators if e["name"] == HOST_READ]
+    # a read of a CUDA value waits through its own copy's stream sync: that sync is the read's, counted once
+    syncs = sum(e["name"] in SYNC_CALLS and not _within(e["ts"], read_spans) for e in runtime) - own_syncs
+    reads = len(read_spans)
     busy = union_seconds([(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in device]) if device else None
-    kernels = Counter()
+    kernels: Counter[str] = Counter()
     for e in device:
         kernels[e["name"]] += e.get("dur", 0.0)
-    ops = Counter()
+    ops: Counter[str] = Counter()
     for e in operators:
         ops[e["name"]] += e.get("dur", 0.0)
     per_step = wall / steps
@@ -172,12 +179,12 @@ def summarise(events: list[dict[str, Any]], wall: float, steps: int, own_syncs: 
     }
 
 
-def describe(summary: dict[str, Any]) -> str:
+def one_line(summary: dict[str, Any]) -> str:
     """One line: ``step 24.1 ms: device busy 62 % (idle 38 %), 450 launches, 2.0 host syncs``.
 
-    >>> describe({"step_seconds": 0.0241, "device_idle_fraction": 0.38, "launches": 450.0, "host_syncs": 2.0})
+    >>> one_line({"step_seconds": 0.0241, "device_idle_fraction": 0.38, "launches": 450.0, "host_syncs": 2.0})
     'step 24.1 ms: device busy 62 % (idle 38 %), 450 launches, 2.0 host syncs'
-    >>> describe({"step_seconds": 0.01, "device_idle_fraction": None, "launches": 0.0, "host_syncs": 1.0})
+    >>> one_line({"step_seconds": 0.01, "device_idle_fraction": None, "launches": 0.0, "host_syncs": 1.0})
     'step 10.0 ms: no device timeline, 1.0 host syncs'
     """
     head = f"step {summary['step_seconds'] * 1000:.1f} ms: "
