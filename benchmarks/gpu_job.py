@@ -90,6 +90,8 @@ def anatomy_cell(parts: dict[str, Any]) -> str:
 
 
 def write_report(results: list[dict[str, Any]], environment: dict[str, Any], out: Path, command: str) -> Path:
+    """``gpu-job.md`` (the environment, one row per run, the last lines of each failed run) and ``gpu-job.json``
+    in ``out``; returns the markdown's path."""
     from project.toolkit.measure.step_profile import one_line  # imports Lightning: only when reporting
     from project.toolkit.measure.tables import markdown_table, number
 
@@ -125,6 +127,7 @@ def write_report(results: list[dict[str, Any]], environment: dict[str, Any], out
         "a steady step = `step_anatomy` (rank 0, 5 steady steps timed with device events); profiled steps (runs",
         "with `--profile`) = 5 steps of the first epoch under torch.profiler (`StepProfile`): the device's busy",
         "share of their wall time, kernel launches and host syncs per step, the profiler's overhead included.",
+        "Runs kept from an earlier call of the command keep their own commit in `gpu-job.json` (`git_commit`).",
         "",
         markdown_table(["", "value"], [[k, f"`{v}`"] for k, v in environment.items()]),
         "",
@@ -196,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-job: {name}: {shlex.join(cmd)}", flush=True)
         code, output, wall = run_logged(cmd, folder / "fit.log", args.timeout_minutes * 60)
         result = {"name": name, "command": shlex.join(cmd), "code": code, "wall_seconds": wall}
+        result["git_commit"] = environment.get("git_commit")  # runs kept from an earlier call keep their own
         result["figures"] = figures(newest_timing(folder), newest_profile(folder)) if code == 0 else {}
         result["error_lines"] = last_lines(output) if code != 0 else []
         results.append(result)

@@ -47,9 +47,9 @@ TOP = 8  # kernels and operators listed
 
 class StepProfile(Callback):
     """Profile ``steps`` training steps (``training_step`` calls, so batches) from this process's step
-    ``first_step`` (0-based) on rank 0; write
-    ``step_profile.json`` and ``step_profile.trace.json`` into the run folder. A run that ends inside the
-    window writes what it profiled; one that ends before it says so in one line."""
+    ``first_step`` (0-based) on rank 0; write ``step_profile.json`` and ``step_profile.trace.json`` into the
+    run folder. A run that ends inside the window writes what it profiled; one that ends before it says so
+    in one line."""
 
     def __init__(self, first_step: int = 20, steps: int = 5) -> None:
         if first_step < 0 or steps < 1:
@@ -139,10 +139,11 @@ def union_seconds(spans: list[tuple[float, float]]) -> float:
 
 
 def _within(ts: float, spans: list[tuple[float, float]]) -> bool:
+    """Whether the instant ``ts`` lies in one of ``spans``."""
     return any(start <= ts <= end for start, end in spans)
 
 
-def _top(durations: Counter, steps: int) -> list[list[Any]]:
+def _top(durations: Counter[str], steps: int) -> list[list[Any]]:
     """``[name, milliseconds per step]`` of the ``TOP`` largest."""
     return [[name, round(us / 1000 / steps, 4)] for name, us in durations.most_common(TOP)]
 
