@@ -88,11 +88,16 @@ def newest_run(root: Path) -> Path | None:
     return runs[-1] if runs else None
 
 
+def newest_json(root: Path, name: str) -> dict[str, Any] | None:
+    """The JSON file ``name`` of the latest command's run folder (None if it wrote none)."""
+    run = newest_run(root)
+    path = run / name if run is not None else None
+    return json.loads(path.read_text()) if path is not None and path.is_file() else None
+
+
 def newest_timing(root: Path) -> dict[str, Any]:
     """The latest command's ``timing.json`` ({} if it wrote none)."""
-    run = newest_run(root)
-    path = run / "timing.json" if run is not None else None
-    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    return newest_json(root, "timing.json") or {}
 
 
 def wrote_timing(key: str) -> Check:

@@ -29,7 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_check import RESULTS, last_lines, newest_run, newest_timing, no_gpu_line, run_logged, slug
+from benchmarks import gpu_check
+from benchmarks.gpu_check import RESULTS, last_lines, newest_json, newest_timing, no_gpu_line, run_logged, slug
 from project.toolkit.bench.matrix import project_command
 
 PROFILE = "project.toolkit.measure.step_profile.StepProfile"  # its default window: steps 21-25, in the first epoch
@@ -52,32 +53,22 @@ def runs(resnet_epochs: int) -> list[tuple[str, list[str]]]:
 
 
 def figures(timing: dict[str, Any], profile: dict[str, Any] | None) -> dict[str, Any]:
-    """What the report shows of a fit's ``timing.json`` and ``step_profile.json``."""
+    """What the report shows of a fit's ``timing.json`` (the GPU check's figures, and more) and
+    ``step_profile.json``."""
     epochs = timing.get("epochs") or []
-    peaks = [mb for mb in timing.get("peak_memory_mb") or [] if mb is not None]
     anatomy = (timing.get("step_anatomy") or {}).get("ranks") or [{}]
     return {
+        **gpu_check.figures(timing),
         "input_path": timing.get("input_path"),
         "num_workers": timing.get("num_workers"),
         "first_epoch_seconds": timing.get("first_epoch_seconds"),
-        "epoch_seconds_mean": timing.get("epoch_seconds_mean"),
         "training_seconds": sum(e.get("seconds") or 0.0 for e in epochs),
         "fit_seconds": timing.get("fit_seconds"),
-        "train_samples_per_second": timing.get("train_samples_per_second"),
-        "mfu": timing.get("mfu"),
         "data_wait_fraction": timing.get("data_wait_fraction"),
-        "peak_memory_mb": max(peaks) if peaks else None,
         "iteration_seconds_p50": timing.get("iteration_seconds_p50"),
         "step_anatomy": anatomy[0],
         "step_profile": profile,
     }
-
-
-def newest_profile(root: Path) -> dict[str, Any] | None:
-    """The latest command's ``step_profile.json`` (None if it wrote none)."""
-    run = newest_run(root)
-    path = run / "step_profile.json" if run is not None else None
-    return json.loads(path.read_text()) if path is not None and path.is_file() else None
 
 
 def anatomy_cell(parts: dict[str, Any]) -> str:
@@ -200,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         code, output, wall = run_logged(cmd, folder / "fit.log", args.timeout_minutes * 60)
         result = {"name": name, "command": shlex.join(cmd), "code": code, "wall_seconds": wall}
         result["git_commit"] = environment.get("git_commit")  # runs kept from an earlier call keep their own
-        result["figures"] = figures(newest_timing(folder), newest_profile(folder)) if code == 0 else {}
+        profile = newest_json(folder, "step_profile.json")
+        result["figures"] = figures(newest_timing(folder), profile) if code == 0 else {}
         result["error_lines"] = last_lines(output) if code != 0 else []
         results.append(result)
         f = result["figures"]

@@ -80,37 +80,40 @@ WARMUP_BATCHES = 3  # the TimingCallback's default warmup_iterations
 # batches after the warm-up for a steady median (about a second of work each).
 MOBILENET = Setup("mobilenet_v2", image_size=32, batch_size=128, test_batches=24)
 RESNET = Setup("resnet50", image_size=32, batch_size=64, test_batches=16)
-LATENCY = replace(MOBILENET, test_batches=40)
-# (name, stage, setup, evaluation batch size, what is compared)
-CASES = [
-    ("test mobilenet_v2", "test", MOBILENET, 128, "throughput"),
-    ("predict mobilenet_v2", "predict", MOBILENET, 128, "throughput"),
-    ("test resnet50", "test", RESNET, 64, "throughput"),
-    ("test batch 1", "test", LATENCY, 1, "latency"),
-    ("predict batch 1", "predict", LATENCY, 1, "latency"),
-]
-OPTION_CASES = [
-    ("test contiguous", "test", replace(MOBILENET, channels_last=False), 128, "throughput"),
-    ("test bf16-mixed", "test", replace(MOBILENET, precision="bf16-mixed"), 128, "throughput"),
-    ("test no host memory reuse", "test", replace(MOBILENET, host_memory_reuse=False), 128, "throughput"),
-]
-# On a GPU: the job's settings (benchmarks._common.gpu_job_setup); batch-1 latency as on a CPU, at 112 px.
+# On a GPU: the job's settings (benchmarks._common.gpu_job_setup).
 GPU_MOBILENET = gpu_job_setup("mobilenet_v2", test_batches=24)
 GPU_RESNET = gpu_job_setup("resnet50", test_batches=24)
-GPU_CASES = [
-    ("test mobilenet_v2", "test", GPU_MOBILENET, 256, "throughput"),
-    ("predict mobilenet_v2", "predict", GPU_MOBILENET, 256, "throughput"),
-    ("test resnet50", "test", GPU_RESNET, 256, "throughput"),
-    ("test batch 1", "test", replace(GPU_MOBILENET, test_batches=40), 1, "latency"),
-    ("predict batch 1", "predict", replace(GPU_MOBILENET, test_batches=40), 1, "latency"),
-]
-GPU_OPTION_CASES = [
-    ("test contiguous", "test", replace(GPU_MOBILENET, channels_last=False), 256, "throughput"),
-    ("test bf16-mixed", "test", replace(GPU_MOBILENET, precision="bf16-mixed"), 256, "throughput"),
-]
+Case = tuple[str, str, Setup, int, str]  # (name, stage, setup, evaluation batch size, what is compared)
 
 
-def chosen_cases(options: bool) -> list[tuple[str, str, Setup, int, str]]:
+def cases_of(mobilenet: Setup, resnet: Setup) -> list[Case]:
+    """Test and predict throughput of both networks at their batch size, then batch-1 latency on MobileNetV2."""
+    latency = replace(mobilenet, test_batches=40)
+    return [
+        ("test mobilenet_v2", "test", mobilenet, mobilenet.batch_size, "throughput"),
+        ("predict mobilenet_v2", "predict", mobilenet, mobilenet.batch_size, "throughput"),
+        ("test resnet50", "test", resnet, resnet.batch_size, "throughput"),
+        ("test batch 1", "test", latency, 1, "latency"),
+        ("predict batch 1", "predict", latency, 1, "latency"),
+    ]
+
+
+def option_cases_of(mobilenet: Setup, host_memory: bool) -> list[Case]:
+    """``--options``: MobileNetV2's test throughput with each speed option changed; ``host_memory``: also without
+    reusing freed host memory (a CPU's setting: a GPU run leaves the host's allocator alone)."""
+    options = [("contiguous", {"channels_last": False}), ("bf16-mixed", {"precision": "bf16-mixed"})]
+    options += [("no host memory reuse", {"host_memory_reuse": False})] if host_memory else []
+    batch = mobilenet.batch_size
+    return [(f"test {name}", "test", replace(mobilenet, **change), batch, "throughput") for name, change in options]
+
+
+CASES = cases_of(MOBILENET, RESNET)
+OPTION_CASES = option_cases_of(MOBILENET, host_memory=True)
+GPU_CASES = cases_of(GPU_MOBILENET, GPU_RESNET)
+GPU_OPTION_CASES = option_cases_of(GPU_MOBILENET, host_memory=False)
+
+
+def chosen_cases(options: bool) -> list[Case]:
     """The cases of this machine (a GPU's, or a CPU's), with its ``--options`` cases."""
     gpu = torch.cuda.is_available()
     return (GPU_CASES if gpu else CASES) + ((GPU_OPTION_CASES if gpu else OPTION_CASES) if options else [])

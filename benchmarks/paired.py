@@ -63,6 +63,14 @@ def order(rotation: int, sides: tuple[str, ...] = SIDES) -> tuple[str, ...]:
     return (*turned, *reversed(turned))
 
 
+def settle_process(setup: Setup) -> None:
+    """Make the process-wide settings once, before a session's first run, as the template makes them (its
+    host_memory_reuse callback; cuDNN autotuning, which its Trainer would otherwise switch on halfway through
+    the session): every run of the session goes under the same."""
+    reuse_freed_host_memory(setup)
+    torch.backends.cudnn.benchmark = True
+
+
 def run_side(side: str, stage: str, setup: Setup, folder: Path, batch_size: int | None) -> dict[str, Any]:
     """One run of ``side`` in this process, writing under ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -87,10 +95,7 @@ def main(spec: str, folder: str) -> None:
     ``folder/session.json``."""
     options = json.loads(spec)
     setup = Setup(**options["setup"])
-    # Process-wide, as the template sets them (its host_memory_reuse callback; cuDNN autotuning, which its
-    # Trainer would otherwise switch on halfway through the session): every side runs under the same.
-    reuse_freed_host_memory(setup)
-    torch.backends.cudnn.benchmark = True
+    settle_process(setup)
     results: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     for number, side in enumerate(order(options["rotation"])):
         run = run_side(side, options["stage"], setup, Path(folder) / f"{number}-{side}", options["batch_size"])

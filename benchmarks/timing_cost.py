@@ -35,8 +35,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from benchmarks._common import ROUND, Setup, balanced, common_arguments, gpu_job_setup, machine, parse, publish, run
-from benchmarks.paired import order
-from benchmarks.plain import reuse_freed_host_memory
+from benchmarks.paired import order, settle_process
 from project.toolkit.measure.devices import HostClock, synchronizer
 from project.toolkit.measure.tables import number
 
@@ -131,8 +130,7 @@ def session_main(spec: str, folder: str) -> None:
     rotation; writes ``folder/session.json``, each variant's speeds in the order they ran."""
     options = json.loads(spec)
     setup = Setup(**options["setup"])
-    reuse_freed_host_memory(setup)  # process-wide, as in benchmarks.paired: every run under the same
-    torch.backends.cudnn.benchmark = True
+    settle_process(setup)
     speeds: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for place, name in enumerate(order(options["rotation"], tuple(VARIANTS))):
         speeds[name].append(run_variant(name, setup, Path(folder) / f"{place}-{name.replace(' ', '-')}"))

@@ -9,9 +9,11 @@ import os
 import pickle
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from lightning.pytorch import Trainer
 
 from project.data import BASE_FOLDER, META_FILE, TEST_FILE, TRAIN_FILES
 from tests.fixtures import PALETTE
@@ -19,6 +21,13 @@ from tests.fixtures import PALETTE
 LABEL_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 TRAIN_PER_FILE = 40  # 5 files -> 200 training images
 TEST_IMAGES = 60
+
+
+def quiet_trainer(tmp_path: Path, **options: Any) -> Trainer:
+    """A CPU Trainer for tests that drive Lightning directly, writing and printing nothing of its own (no
+    logger, checkpoints, progress bar or model summary) outside ``tmp_path``; ``options`` on top."""
+    quiet = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    return Trainer(accelerator="cpu", default_root_dir=tmp_path, **{**quiet, **options})
 
 
 def learnable_images(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -12,6 +12,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.profilers import Profiler
 
 from project.toolkit.callbacks.idle_hooks import PER_BATCH_HOOKS, SkipIdleHooks, idle_hooks
+from tests.conftest import quiet_trainer
 
 
 class Recording(Profiler):
@@ -50,19 +51,8 @@ class Busy(Callback):
 
 def run(callbacks: list[Callback], tmp_path: Path, model: BoringModel | None = None) -> Recording:
     profiler = Recording()
-    trainer = Trainer(
-        max_epochs=1,
-        limit_train_batches=3,
-        limit_val_batches=1,
-        limit_test_batches=2,
-        callbacks=callbacks,
-        profiler=profiler,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    limits = dict(limit_train_batches=3, limit_val_batches=1, limit_test_batches=2)
+    trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=callbacks, profiler=profiler, **limits)
     model = model or BoringModel()
     trainer.fit(model)
     trainer.test(model, verbose=False)

@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, TensorDataset
 
 from project.__main__ import main
 from project.toolkit.errors import ProjectError
 from project.toolkit.measure.step_profile import StepProfile, summarise
+from tests.conftest import quiet_trainer
 
 
 class ReadsItsLoss(LightningModule):
@@ -40,10 +41,7 @@ class ReadsItsLoss(LightningModule):
 
 def profiled(tmp_path: Path, reads: int) -> StepProfile:
     profile = StepProfile(first_step=2, steps=3)
-    trainer = Trainer(
-        accelerator="cpu", max_epochs=1, limit_train_batches=8, callbacks=[profile], logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-    )  # fmt: skip
+    trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=8, callbacks=[profile])
     trainer.fit(ReadsItsLoss(reads), DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8))
     return profile
 
@@ -62,11 +60,9 @@ def test_the_host_syncs_of_a_step_are_counted(tmp_path: Path, reads: int) -> Non
 
 def test_the_window_counts_training_steps_also_under_gradient_accumulation(tmp_path: Path) -> None:
     profile = StepProfile(first_step=2, steps=3)
-    trainer = Trainer(
-        accelerator="cpu", max_epochs=1, limit_train_batches=10, accumulate_grad_batches=2, callbacks=[profile],
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )  # fmt: skip
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=1, limit_train_batches=10, accumulate_grad_batches=2, callbacks=[profile]
+    )
     trainer.fit(ReadsItsLoss(1), DataLoader(TensorDataset(torch.randn(80, 4)), batch_size=8))
     assert profile.summary is not None and profile.summary["steps"] == 3 and profile.summary["host_reads"] == 1
     trace = json.loads((tmp_path / "step_profile.trace.json").read_text())["traceEvents"]
@@ -89,10 +85,7 @@ def test_it_runs_from_the_command_line_into_the_run_folder(tiny_args: list[str],
 
 def test_a_run_that_ends_before_the_window_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     profile = StepProfile(first_step=50)
-    trainer = Trainer(
-        accelerator="cpu", max_epochs=1, limit_train_batches=3, callbacks=[profile], logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-    )  # fmt: skip
+    trainer = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=3, callbacks=[profile])
     trainer.fit(ReadsItsLoss(0), DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=8))
     assert profile.summary is None and not (tmp_path / "step_profile.json").exists()
     assert "the run ended after 3 training steps, before step 50; nothing profiled" in caplog.text

@@ -36,6 +36,7 @@ from project.toolkit.strategies import (
 from project.toolkit.strategies.blocks import module_blocks
 from project.toolkit.strategies.dp import NetWithLoss
 from project.toolkit.strategies.fsdp import evaluate_under_no_grad, shard_network
+from tests.conftest import quiet_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -456,20 +457,8 @@ class RecordsInferenceMode(BoringModel):
 def test_fsdp_evaluates_under_no_grad_in_every_loop(tmp_path: Path, no_grad: bool) -> None:
     """FSDP2 on one GPU failed in test under inference mode; the fsdp strategy's setup switches every loop to
     no_grad. A CPU run without a process group shows Lightning's choice (a gloo run always gets no_grad)."""
-    trainer = Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        limit_train_batches=1,
-        limit_val_batches=1,
-        limit_test_batches=1,
-        limit_predict_batches=1,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    limits = dict(limit_train_batches=1, limit_val_batches=1, limit_test_batches=1, limit_predict_batches=1)
+    trainer = quiet_trainer(tmp_path, max_epochs=1, num_sanity_val_steps=0, **limits)
     if no_grad:
         evaluate_under_no_grad(trainer)
     model = RecordsInferenceMode()
@@ -492,7 +481,7 @@ def test_the_fsdp_strategy_switches_the_evaluation_loops_to_no_grad_when_it_sets
     monkeypatch.setattr(ModelParallelStrategy, "setup", lambda self, trainer: None)
     monkeypatch.setattr(fsdp, "check_module", lambda module, name: None)
     monkeypatch.setattr(fsdp, "FSDPModule", torch.nn.Module)  # the network counts as sharded already
-    trainer = Trainer(accelerator="cpu", logger=False, default_root_dir=tmp_path)
+    trainer = quiet_trainer(tmp_path)
     strategy = fsdp.FullyShardedStrategy()
     strategy._lightning_module = RecordsInferenceMode()
     strategy._lightning_module.net = torch.nn.Linear(2, 2)

@@ -10,11 +10,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, Dataset
@@ -499,23 +498,12 @@ def test_the_first_batch_of_a_new_size_is_left_out_of_the_inference_figures(tmp_
     assert_covers(2 * BATCH_SIZE / report["test_samples_per_second"], sum(measured), 2)
 
 
-class CrashAt(Callback):
-    """Fails at batch ``at`` of epoch 1 (after checkpoints at every step), as a killed run would."""
-
-    def __init__(self, at: int = -1) -> None:
-        self.at = at
-
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if trainer.current_epoch == 1 and batch_idx == self.at:
-            raise RuntimeError("simulated crash")
-
-
 def test_a_run_resumed_mid_epoch_times_that_epoch_from_its_first_batch(tiny_args: list[str], tmp_path: Path) -> None:
     """Lightning calls no on_train_epoch_start in an epoch it resumes in the middle; its time still starts there."""
     common = [*tiny_args, "--trainer.max_epochs=2", "--trainer.limit_train_batches=5", "--trainer.limit_val_batches=1"]
-    common += ["--checkpoint.every_n_train_steps=1", f"--trainer.callbacks+={__name__}.CrashAt"]
+    common += ["--checkpoint.every_n_train_steps=1", "--trainer.callbacks+=tests.test_data.BatchRecorder"]
     with pytest.raises(RuntimeError, match="simulated crash"):
-        main(["fit", *common, "--trainer.callbacks.at=3"])
+        main(["fit", *common, "--trainer.callbacks.crash_at=3"])
     main(["fit", *common, "--ckpt_path=last"])
     timing = json.loads(sorted(tmp_path.glob("lightning_logs/version_*/timing.json"))[-1].read_text())
     (epoch,) = timing["epochs"]  # the resumed epoch 1, from its 4th batch
