@@ -39,8 +39,10 @@ loading, the loop's own work, the hooks), each the median over a side's runs, on
 ``--options`` adds ``test`` throughput with ``--model.channels_last=false``,
 ``--trainer.precision=bf16-mixed`` (the plain loop then autocasts to bfloat16 too) and
 ``--callbacks.host_memory_reuse=false`` (the plain loop then keeps glibc's defaults too). On a GPU the cases
-are the job's settings (``GPU_CASES``, and ``GPU_OPTION_CASES`` for ``--options``). The last line printed is
-the headline: the smallest ratio (template speed over plain speed).
+are the job's settings (``GPU_CASES``, and ``GPU_OPTION_CASES`` for ``--options``). An option's case is
+reported, not held to the goal, which is for the default options (each option is compared with the plain loop
+using the same option). The last line printed is the headline: the smallest ratio (template speed over plain
+speed) of the cases held to the goal.
 """
 
 from __future__ import annotations
@@ -113,10 +115,14 @@ GPU_CASES = cases_of(GPU_MOBILENET, GPU_RESNET)
 GPU_OPTION_CASES = option_cases_of(GPU_MOBILENET, host_memory=False)
 
 
-def chosen_cases(options: bool) -> list[Case]:
-    """The cases of this machine (a GPU's, or a CPU's), with its ``--options`` cases."""
+def chosen_cases(options: bool) -> list[tuple[Case, bool]]:
+    """The cases of this machine (a GPU's, or a CPU's), with its ``--options`` cases; each with whether it is held
+    to the goal, which is for the default options at the default batch size: the throughput cases are, an option's
+    case and batch-1 latency are reported, not held."""
     gpu = torch.cuda.is_available()
-    return (GPU_CASES if gpu else CASES) + ((GPU_OPTION_CASES if gpu else OPTION_CASES) if options else [])
+    defaults = GPU_CASES if gpu else CASES
+    variations = (GPU_OPTION_CASES if gpu else OPTION_CASES) if options else []
+    return [(case, case[-1] == "throughput") for case in defaults] + [(case, False) for case in variations]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -128,12 +134,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"inference: {machine(args.threads)}", flush=True)
     rows, report = [], []
     with tempfile.TemporaryDirectory(prefix="inference-") as work:
-        for name, stage, setup, batch, kind in cases:
-            entry = measure(name, stage, setup, batch, kind, args, Path(work))
+        for (name, stage, setup, batch, kind), held in cases:
+            entry = measure(name, stage, setup, batch, kind, held, args, Path(work))
             for c in CLOCKS:
                 speeds = [statistics.median(r[f"{c}_speed"] for r in entry["runs"][side]) for side in SIDES]
                 if kind == "throughput":
-                    values = [*(number(v) for v in speeds), "images/s"]
+                    unit = "images/s" if held else "images/s; an option, not held to the goal"
+                    values = [*(number(v) for v in speeds), unit]
                 else:  # shown as the latency itself, in ms, and the template's fixed cost per batch
                     values = [*(number(1000 / v, 2) for v in speeds), "ms (p50)"]
                     entry[f"{c}_extra_ms"] = 1000 / speeds[-1] - 1000 / speeds[0]
@@ -168,12 +175,12 @@ def publish_so_far(
 
 
 def measure(
-    name: str, stage: str, setup: Setup, batch: int, kind: str, args: argparse.Namespace, work: Path
+    name: str, stage: str, setup: Setup, batch: int, kind: str, held: bool, args: argparse.Namespace, work: Path
 ) -> dict[str, Any]:
     """``args.repeats`` sessions (:mod:`benchmarks.paired`) of one case; its headline ``ratio`` on ``args.clock``
-    (template over plain), and ``lightning_<clock>_ratio``: Lightning's loop alone over plain."""
+    (template over plain), ``lightning_<clock>_ratio``: Lightning's loop alone over plain, and ``goal``: ``held``."""
     entry: dict[str, Any] = {"case": name, "stage": stage, "kind": kind, "setup": setup.__dict__, "batch_size": batch}
-    entry["goal"] = kind == "throughput"  # see the module's notes on batch-1 latency
+    entry["goal"] = held
     ratios = {c: (f"{c}_speed", "template") for c in CLOCKS}
     ratios |= {f"lightning_{c}": (f"{c}_speed", "lightning") for c in CLOCKS}
     figures = partial(run_figures, batch_size=batch, kind=kind, clock=args.clock)

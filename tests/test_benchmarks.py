@@ -378,10 +378,21 @@ def test_the_comparisons_take_the_cases_of_the_machine(monkeypatch: pytest.Monke
     from benchmarks import inference, overhead
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
-    fits = overhead.chosen_cases(options=True)
-    evaluations = inference.chosen_cases(options=False)
+    fits = [setup for setup, _ in overhead.chosen_cases(options=True)]
+    evaluations = [case for case, _ in inference.chosen_cases(options=False)]
     size, batch = (112, 256) if gpu else (32, 128)  # on a GPU the job's settings; on a CPU small images
     assert fits[0].image_size == size and fits[0].batch_size == batch
     assert [f.compile for f in fits].count(True) == 1 and fits[-1].host_memory_reuse is False  # --options
     assert {setup.image_size for _, _, setup, _, _ in evaluations} == {size}
     assert [b for *_, b, kind in evaluations if kind == "throughput"][0] == batch
+
+
+def test_only_the_default_options_are_held_to_the_goal() -> None:
+    from benchmarks import inference, overhead
+
+    fits = overhead.chosen_cases(options=True)
+    assert [held for _, held in fits] == [True] * len(overhead.CASES) + [False] * len(overhead.OPTIONS)
+    evaluations = inference.chosen_cases(options=True)
+    held = {name for (name, *_), goal in evaluations if goal}
+    assert held == {name for name, *_, kind in inference.CASES if kind == "throughput"}  # not batch 1
+    assert all(not goal for (name, *_), goal in evaluations if name in {c[0] for c in inference.OPTION_CASES})
