@@ -42,7 +42,12 @@ from typing import Any
 
 import torch
 
-from project.toolkit.bench.matrix import project_command, run_in_own_session
+from project.toolkit.bench.matrix import (
+    end_all_sessions,
+    ending_sessions_on_sigterm,
+    project_command,
+    run_in_own_session,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -454,7 +459,11 @@ def run_all(names: list[str], runs: Path, args: argparse.Namespace) -> list[dict
     chains = [[n] + [m for m in names if paths[m].after == n] for n in names if paths[n].after is None]
     print(f"gpu-check: {len(names)} paths, {args.jobs} at a time", flush=True)
     with ThreadPoolExecutor(args.jobs) as pool:  # each path is its own processes: threads only wait on them
-        done = [r for rs in pool.map(lambda chain: run_chain(chain, runs, timeout_s), chains) for r in rs]
+        try:
+            done = [r for rs in pool.map(lambda chain: run_chain(chain, runs, timeout_s), chains) for r in rs]
+        except BaseException:  # Ctrl-C or SIGTERM, here only: the pool would wait for the workers' sessions
+            end_all_sessions()
+            raise
     by_name = {r["name"]: r for r in done}
     return [by_name[n] for n in names]
 
@@ -472,11 +481,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = select(args.paths.split(",") if args.paths else None)
     out = args.out or RESULTS / f"gpu-{slug(environment['device_name'])}"
     command = shlex.join(["python", "-m", "benchmarks.gpu_check", *(sys.argv[1:] if argv is None else argv)])
-    if args.runs is not None:
-        results = run_all(names, args.runs, args)
-    else:
-        with tempfile.TemporaryDirectory(prefix="gpu-check-") as runs:
-            results = run_all(names, Path(runs), args)
+    with ending_sessions_on_sigterm():  # a deadline's SIGTERM ends the paths' runs too
+        if args.runs is not None:
+            results = run_all(names, args.runs, args)
+        else:
+            with tempfile.TemporaryDirectory(prefix="gpu-check-") as runs:
+                results = run_all(names, Path(runs), args)
     markdown, _ = write_report(results, environment, out, command)
     counts = {s: sum(r["status"] == s for r in results) for s in ("pass", "fail", "skip")}
     print(f"gpu-check: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped; report: {markdown}")

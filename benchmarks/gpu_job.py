@@ -31,7 +31,7 @@ from typing import Any
 
 from benchmarks import gpu_check
 from benchmarks.gpu_check import RESULTS, last_lines, newest_json, newest_timing, no_gpu_line, run_logged, slug
-from project.toolkit.bench.matrix import project_command
+from project.toolkit.bench.matrix import ending_sessions_on_sigterm, project_command
 
 PROFILE = "project.toolkit.measure.step_profile.StepProfile"  # its default window: steps 21-25, in the first epoch
 CIFAR_TRAIN = 50_000  # CIFAR-10's training set, of which val_size is held out; its test set is a fifth of it
@@ -170,38 +170,39 @@ def main(argv: list[str] | None = None) -> int:
     kept = json.loads(earlier.read_text())["runs"] if earlier.is_file() else []
     again = {name for name, _ in chosen}
     results = [r for r in kept if r["name"] not in again]
-    for name, options in chosen:
-        folder = args.runs / slug(name)
-        folder.mkdir(parents=True, exist_ok=True)
-        fit = [
-            "--config=configs/default.yaml",
-            "--data.synthetic=true",
-            f"--data.synthetic_size={CIFAR_TRAIN}",
-            f"--data.val_size={VAL_SIZE}",
-            "--trainer.accelerator=gpu",
-            "--trainer.devices=1",
-            "--trainer.enable_progress_bar=false",
-            f"--trainer.default_root_dir={folder}",
-            *options,
-            *([f"--trainer.max_epochs={args.max_epochs}"] if args.max_epochs else []),
-            *([f"--trainer.callbacks+={PROFILE}"] if args.profile else []),
-        ]
-        cmd = project_command("fit", fit)
-        print(f"gpu-job: {name}: {shlex.join(cmd)}", flush=True)
-        code, output, wall = run_logged(cmd, folder / "fit.log", args.timeout_minutes * 60)
-        result = {"name": name, "command": shlex.join(cmd), "code": code, "wall_seconds": wall}
-        result["git_commit"] = environment.get("git_commit")  # runs kept from an earlier call keep their own
-        profile = newest_json(folder, "step_profile.json")
-        result["figures"] = figures(newest_timing(folder), profile) if code == 0 else {}
-        result["error_lines"] = last_lines(output) if code != 0 else []
-        results.append(result)
-        f = result["figures"]
-        print(
-            f"gpu-job: {name}: exit {code}, {wall:.0f} s wall, "
-            f"{f.get('train_samples_per_second') or 0:.0f} img/s, training {f.get('training_seconds') or 0:.1f} s",
-            flush=True,
-        )
-        markdown = write_report(results, environment, out, command)  # after each run: a cut-off call keeps it
+    with ending_sessions_on_sigterm():  # a deadline's SIGTERM ends the running fit too
+        for name, options in chosen:
+            folder = args.runs / slug(name)
+            folder.mkdir(parents=True, exist_ok=True)
+            fit = [
+                "--config=configs/default.yaml",
+                "--data.synthetic=true",
+                f"--data.synthetic_size={CIFAR_TRAIN}",
+                f"--data.val_size={VAL_SIZE}",
+                "--trainer.accelerator=gpu",
+                "--trainer.devices=1",
+                "--trainer.enable_progress_bar=false",
+                f"--trainer.default_root_dir={folder}",
+                *options,
+                *([f"--trainer.max_epochs={args.max_epochs}"] if args.max_epochs else []),
+                *([f"--trainer.callbacks+={PROFILE}"] if args.profile else []),
+            ]
+            cmd = project_command("fit", fit)
+            print(f"gpu-job: {name}: {shlex.join(cmd)}", flush=True)
+            code, output, wall = run_logged(cmd, folder / "fit.log", args.timeout_minutes * 60)
+            result = {"name": name, "command": shlex.join(cmd), "code": code, "wall_seconds": wall}
+            result["git_commit"] = environment.get("git_commit")  # runs kept from an earlier call keep their own
+            profile = newest_json(folder, "step_profile.json")
+            result["figures"] = figures(newest_timing(folder), profile) if code == 0 else {}
+            result["error_lines"] = last_lines(output) if code != 0 else []
+            results.append(result)
+            f = result["figures"]
+            print(
+                f"gpu-job: {name}: exit {code}, {wall:.0f} s wall, "
+                f"{f.get('train_samples_per_second') or 0:.0f} img/s, training {f.get('training_seconds') or 0:.1f} s",
+                flush=True,
+            )
+            markdown = write_report(results, environment, out, command)  # after each run: a cut-off call keeps it
     print(f"gpu-job: report {markdown}")
     return 1 if any(r["code"] != 0 for r in results) else 0
 

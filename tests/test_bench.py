@@ -3,10 +3,16 @@ three result files -- and the CPU smoke preset, end to end."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
+import textwrap
+import threading
+import time
 from pathlib import Path
 
 import matplotlib.image
@@ -410,3 +416,97 @@ def test_cpu_smoke_preset_writes_the_three_result_files(tmp_path: Path) -> None:
 
     image = matplotlib.image.imread(out / "results.png")
     assert image.shape[0] > 300 and image.shape[1] > 300 and image.std() > 0
+
+
+# A bench-like process: one session (a process that writes its pid, then sleeps) waited on as a cell's fit is.
+SESSION_RUNNER = textwrap.dedent(
+    """
+    import signal
+    import sys
+    from project.toolkit.bench.matrix import ending_sessions_on_sigterm, run_in_own_session
+
+    pid_file, guarded = sys.argv[1], sys.argv[2] == "guarded"
+    code = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+    session = [sys.executable, "-c", code, pid_file]
+    if guarded:
+        with ending_sessions_on_sigterm():
+            run_in_own_session(session, None, None, timeout_s=120)
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # Python's own response, even where pytest's was to ignore it
+        run_in_own_session(session, None, None, timeout_s=120)
+    """
+)
+
+
+def ended(pid: int, within_s: float = 10.0) -> bool:
+    """Whether process ``pid`` is gone (or a zombie, which runs nothing) within ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
+@pytest.mark.parametrize("guarded", [True, False], ids=["ending_sessions_on_sigterm", "python-default"])
+def test_sigterm_ends_the_sessions_the_process_waits_on(tmp_path: Path, guarded: bool) -> None:
+    """``bench``, ``gpu_check`` and ``gpu_job`` run each cell in a process session of its own; SIGTERM (a time
+    limit, ``timeout``) must end those too. Python's own response leaves them running: the second case shows it."""
+    pid_file = tmp_path / "session.pid"
+    repo = Path(__file__).resolve().parents[1]
+    which = "guarded" if guarded else "default"
+    runner = subprocess.Popen([sys.executable, "-c", SESSION_RUNNER, str(pid_file), which], cwd=repo)
+    session = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.is_file() and pid_file.read_text()):
+            assert runner.poll() is None and time.monotonic() < deadline, "the session did not start"
+            time.sleep(0.05)
+        session = int(pid_file.read_text())
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(timeout=30) == (143 if guarded else -signal.SIGTERM)
+        assert ended(session, within_s=10 if guarded else 1) is guarded
+    finally:
+        runner.kill()
+        runner.wait()
+        if session is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(session, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_ending_all_sessions_reaches_those_waited_on_in_other_threads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """gpu_check waits on its sessions from worker threads, where Ctrl-C does not reach: end_all_sessions (called
+    by its main thread) ends them, and a worker starts no more."""
+    from project.toolkit.bench import matrix
+
+    monkeypatch.setattr(matrix, "_ENDING", threading.Event())  # this process goes on after the test
+    pid_file = tmp_path / "session.pid"
+    code = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+    outcome: dict[str, object] = {}
+
+    def worker() -> None:
+        try:
+            outcome["status"] = matrix.run_in_own_session([sys.executable, "-c", code, str(pid_file)], None, None, 120)
+        except SystemExit as stop:
+            outcome["exit"] = stop.code
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text()):
+        assert thread.is_alive() and time.monotonic() < deadline, "the session did not start"
+        time.sleep(0.05)
+    matrix.end_all_sessions()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and outcome == {"exit": matrix.SIGTERM_STATUS}
+    assert ended(int(pid_file.read_text()))
+    with pytest.raises(SystemExit):  # nothing starts any more
+        matrix.run_in_own_session([sys.executable, "-c", "pass"], None, None, 60)

@@ -28,7 +28,15 @@ from typing import Any
 
 from project.toolkit.bench.chart import chart_figure, write_chart, write_chart_if_possible
 from project.toolkit.bench.config import SINGLE, BenchConfig, Cell, expand, load_config
-from project.toolkit.bench.matrix import MARKER, cell_args, collect, run_cell, run_folder, run_matrix
+from project.toolkit.bench.matrix import (
+    MARKER,
+    cell_args,
+    collect,
+    ending_sessions_on_sigterm,
+    run_cell,
+    run_folder,
+    run_matrix,
+)
 from project.toolkit.bench.report import environment_section, speedups, write_csv, write_markdown
 from project.toolkit.commands import OneLineParser
 from project.toolkit.errors import ProjectError, exit_on_project_error
@@ -84,7 +92,8 @@ def bench(config_path: Path, out: Path, command: str) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
     runs = (out / "runs").resolve()
     cells = expand(config)
-    run_matrix(config, cells, runs)
+    with ending_sessions_on_sigterm():  # a time limit's SIGTERM ends the cell's ranks too
+        run_matrix(config, cells, runs)
     rows = collect(cells, runs)
     machine = machine_description()
     write_csv(rows, out / "results.csv")

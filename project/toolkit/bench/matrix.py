@@ -4,15 +4,18 @@ what they measured back (:func:`collect`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import IO, Any
 
 from project.toolkit.bench.config import BenchConfig, Cell, strategy_options
@@ -55,22 +58,81 @@ def project_command(subcommand: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "project", subcommand, *args]
 
 
+# The sessions run_in_own_session is waiting on (their process groups); whether the process is ending (SIGTERM,
+# or end_all_sessions), after which no session starts; and the threads between starting a session and
+# registering it here, where SIGTERM's handler must not raise (the session would be left running).
+_LIVE_SESSIONS: set[int] = set()
+_ENDING = threading.Event()
+_STARTING: set[int] = set()
+SIGTERM_STATUS = 128 + signal.SIGTERM  # as a shell reports a process SIGTERM ended
+
+
 def run_in_own_session(
     command: list[str], stdout: IO, stderr: IO | int, timeout_s: float, cwd: Path | None = None
 ) -> int | None:
     """Run ``command`` to its end and return its exit status, or None if it ran past ``timeout_s``.
-    It runs in a process session of its own, so a timeout (or Ctrl-C here) ends the launcher AND
-    every rank it started."""
-    process = subprocess.Popen(command, stdout=stdout, stderr=stderr, cwd=cwd, start_new_session=True)
+    It runs in a process session of its own, so a timeout (or Ctrl-C here, or SIGTERM under
+    :func:`ending_sessions_on_sigterm`) ends the launcher AND every rank it started. Once the process is
+    ending (:func:`end_all_sessions`), it starts nothing and raises ``SystemExit``, in any thread."""
+    if _ENDING.is_set():
+        raise SystemExit(SIGTERM_STATUS)
+    _STARTING.add(threading.get_ident())
     try:
-        return process.wait(timeout=timeout_s)
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, cwd=cwd, start_new_session=True)
+        _LIVE_SESSIONS.add(process.pid)
+    finally:
+        _STARTING.discard(threading.get_ident())
+    try:
+        if _ENDING.is_set():  # SIGTERM came while it started
+            raise SystemExit(SIGTERM_STATUS)
+        code = process.wait(timeout=timeout_s)
+        if _ENDING.is_set():  # ended by end_all_sessions, not by itself: no status to report
+            raise SystemExit(SIGTERM_STATUS)
+        return code
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it ended just now
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         return None
-    except BaseException:  # Ctrl-C: leave no ranks behind
-        os.killpg(process.pid, signal.SIGKILL)
+    except BaseException:  # Ctrl-C or SIGTERM: leave no ranks behind
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
         raise
+    finally:
+        _LIVE_SESSIONS.discard(process.pid)
+
+
+def end_all_sessions() -> None:
+    """End every session :func:`run_in_own_session` is waiting on, in any thread, and start no more: for a
+    process that waits on sessions from worker threads, whose Ctrl-C reaches only its main thread."""
+    _ENDING.set()
+    for group in list(_LIVE_SESSIONS):
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # ended already
+            os.killpg(group, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def ending_sessions_on_sigterm() -> Iterator[None]:
+    """Inside it, SIGTERM (``kill``, ``timeout``, a batch system's time limit) ends every session that
+    :func:`run_in_own_session` is waiting on, then this process (``SystemExit``, status 143), as Ctrl-C
+    does. Python's own response to SIGTERM ends the process at once: the sessions, each in a process group
+    of its own that the signal does not reach, would run on without it, holding their devices. Enter it in
+    the main thread (signal handlers are set there); the sessions may be waited on in any thread."""
+
+    def end_sessions(signum: int, frame: FrameType | None) -> None:
+        end_all_sessions()
+        # The handler runs in the main thread; between starting a session and registering it, run_in_own_session
+        # raises instead, once the session can be ended with it.
+        if threading.get_ident() not in _STARTING:
+            raise SystemExit(SIGTERM_STATUS)
+
+    _ENDING.clear()  # a process may run several benches (tests do)
+    previous = signal.signal(signal.SIGTERM, end_sessions)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_logged(command: list[str], log_stem: Path, timeout_s: float) -> str | None:
