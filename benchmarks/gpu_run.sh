@@ -14,6 +14,8 @@
 #   overhead python -m benchmarks.overhead: training, template vs plain PyTorch on this GPU
 #   inference python -m benchmarks.inference: test and predict, likewise
 #   bench    python -m project bench --config configs/bench/gpu1.yaml; its tables from the finished cells
+#   bench-mobilenet_v2, bench-resnet50   the same matrix for one network only (half of it, to fit one call);
+#            the two halves' cells, brought back from two calls, make the whole table with `project compare`
 # On one H100: check about 2 minutes, job about 7 (five of its six runs took 6.6); bench about 15 (its
 # MobileNetV2 cells took 95-147 s each); profile, timing, overhead and inference not run yet (estimated
 # 2-10 minutes each).
@@ -22,7 +24,8 @@
 # printed last. Exit status 0 when every stage ran to its end with status 0.
 set -u
 if [ $# -lt 2 ]; then
-  echo "usage: bash benchmarks/gpu_run.sh OUT STAGE... (stages: check job profile timing overhead inference bench)" >&2
+  echo "usage: bash benchmarks/gpu_run.sh OUT STAGE... (stages: check job profile timing overhead inference bench" \
+    "bench-mobilenet_v2 bench-resnet50)" >&2
   exit 2
 fi
 out=$(realpath -m "$1")
@@ -40,7 +43,11 @@ stage_command() {
     profile) echo python3 -m benchmarks.gpu_job --profile --max-epochs 1 --only 0,1,3 --out "$out/profile" \
       --runs "$runs/profile" ;;
     bench) echo python3 -m project bench --config configs/bench/gpu1.yaml --out "$runs/bench" ;;
-    *) echo "gpu_run: unknown stage $1; choose from check job profile timing overhead inference bench" >&2; return 1 ;;
+    bench-mobilenet_v2 | bench-resnet50)  # gpu1.yaml with its archs line naming one network
+      echo "sed 's/^archs: .*/archs: [${1#bench-}]/' configs/bench/gpu1.yaml > '$out/gpu1-${1#bench-}.yaml' &&" \
+        python3 -m project bench --config "'$out/gpu1-${1#bench-}.yaml'" --out "'$runs/bench'" ;;
+    *) echo "gpu_run: unknown stage $1; choose from check job profile timing overhead inference bench" \
+      "bench-mobilenet_v2 bench-resnet50" >&2; return 1 ;;
   esac
 }
 
@@ -76,7 +83,7 @@ for stage in "$@"; do
   code=$?
   echo "gpu_run: $stage exit $code at ${SECONDS} s"
   [ "$code" -eq 0 ] || status=1
-  if [ "$stage" = bench ]; then  # its tables, also when cells failed or the deadline cut it: the finished cells'
+  if [ "${stage%%-*}" = bench ]; then  # its tables, also when cells failed or the deadline cut it: the finished cells'
     python3 -m project compare --out "$out/bench" "$runs/bench/runs" > "$out/bench-compare.log" 2>&1
   fi
 done

@@ -120,3 +120,5 @@ def test_the_gpu_run_script_without_a_gpu(tmp_path: Path) -> None:
     assert "gpu-job: no CUDA GPU here" in (tmp_path / "out" / "job.log").read_text()
     wrong = subprocess.run([*script, "fit"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "unknown stage fit" in wrong.stderr
+    half = subprocess.run([*script, "bench-vgg16"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert half.returncode == 2 and "unknown stage bench-vgg16" in half.stderr  # only gpu1.yaml's two networks
