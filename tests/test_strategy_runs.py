@@ -306,3 +306,26 @@ def test_two_nodes_under_torchrun_match_one_node_with_two_processes(tiny_args: l
         torch.testing.assert_close(node_weights[1][name], node_weights[0][name], rtol=0, atol=0, msg=name)
         torch.testing.assert_close(node_weights[0][name], expected[name], rtol=0, atol=0, msg=name)
     assert [p.name for p in (two_nodes / "lightning_logs").iterdir()] == ["version_0"]  # written once
+
+
+@pytest.mark.slow
+def test_the_step_profile_of_a_ddp_run_is_written_once_by_rank_0(tiny_args: list[str], tmp_path: Path) -> None:
+    """StepProfile profiles rank 0 only, but every rank reads the run folder (a collective under ddp): a rank
+    that skipped it would leave the others waiting, and the run would hang until the timeout below."""
+    run_project(
+        "fit",
+        *tiny_args,
+        *STRATEGIES["ddp"][0],
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=4",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.callbacks+=project.toolkit.measure.step_profile.StepProfile",
+        "--trainer.callbacks.first_step=1",
+        "--trainer.callbacks.steps=2",
+        cwd=tmp_path,
+        timeout=240,
+    )
+    (written,) = tmp_path.glob("lightning_logs/version_*/step_profile.json")
+    summary = json.loads(written.read_text())
+    assert (summary["first_step"], summary["steps"]) == (1, 2) and summary["device"] == "cpu"
+    assert summary["step_seconds"] > 0 and (written.parent / "step_profile.trace.json").is_file()
