@@ -461,7 +461,7 @@ def run_all(names: list[str], runs: Path, args: argparse.Namespace) -> list[dict
     with ThreadPoolExecutor(args.jobs) as pool:  # each path is its own processes: threads only wait on them
         try:
             done = [r for rs in pool.map(lambda chain: run_chain(chain, runs, timeout_s), chains) for r in rs]
-        except BaseException:  # Ctrl-C or SIGTERM, here only: the pool would wait for the workers' sessions
+        except BaseException:  # Ctrl-C, SIGTERM or a failure: the pool's exit would wait for every worker's session
             end_all_sessions()
             raise
     by_name = {r["name"]: r for r in done}

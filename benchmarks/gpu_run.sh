@@ -33,19 +33,22 @@ shift
 deadline=${DEADLINE_S:-540}
 runs=$out/runs
 
+q() { printf '%q ' "$@"; }  # the words quoted for bash -c, whatever OUT's path holds
+
 stage_command() {
   case $1 in
-    check) echo python3 -m benchmarks.gpu_check --out "$out/check" --runs "$runs/check" --jobs 4 --timeout-minutes 3 ;;
-    job) echo python3 -m benchmarks.gpu_job --out "$out/job" --runs "$runs/job" ;;
-    timing) echo python3 -m benchmarks.timing_cost --out "$out/timing" ;;
-    overhead) echo python3 -m benchmarks.overhead --out "$out/overhead" ;;
-    inference) echo python3 -m benchmarks.inference --out "$out/inference" ;;
-    profile) echo python3 -m benchmarks.gpu_job --profile --max-epochs 1 --only 0,1,3 --out "$out/profile" \
+    check) q python3 -m benchmarks.gpu_check --out "$out/check" --runs "$runs/check" --jobs 4 --timeout-minutes 3 ;;
+    job) q python3 -m benchmarks.gpu_job --out "$out/job" --runs "$runs/job" ;;
+    timing) q python3 -m benchmarks.timing_cost --out "$out/timing" ;;
+    overhead) q python3 -m benchmarks.overhead --out "$out/overhead" ;;
+    inference) q python3 -m benchmarks.inference --out "$out/inference" ;;
+    profile) q python3 -m benchmarks.gpu_job --profile --max-epochs 1 --only 0,1,3 --out "$out/profile" \
       --runs "$runs/profile" ;;
-    bench) echo python3 -m project bench --config configs/bench/gpu1.yaml --out "$runs/bench" ;;
-    bench-mobilenet_v2 | bench-resnet50)  # gpu1.yaml with its archs line naming one network
-      echo "sed 's/^archs: .*/archs: [${1#bench-}]/' configs/bench/gpu1.yaml > '$out/gpu1-${1#bench-}.yaml' &&" \
-        python3 -m project bench --config "'$out/gpu1-${1#bench-}.yaml'" --out "'$runs/bench'" ;;
+    bench) q python3 -m project bench --config configs/bench/gpu1.yaml --out "$runs/bench" ;;
+    bench-mobilenet_v2 | bench-resnet50)  # gpu1.yaml with its archs line naming one network (checked: not all)
+      local arch=${1#bench-} half="$out/gpu1-${1#bench-}.yaml"
+      echo "$(q sed "s/^archs: .*/archs: [$arch]/" configs/bench/gpu1.yaml) > $(q "$half") &&" \
+        "$(q grep -q "^archs: \[$arch\]\$" "$half") && $(q python3 -m project bench --config "$half" --out "$runs/bench")" ;;
     *) echo "gpu_run: unknown stage $1; choose from check job profile timing overhead inference bench" \
       "bench-mobilenet_v2 bench-resnet50" >&2; return 1 ;;
   esac

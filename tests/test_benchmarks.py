@@ -387,9 +387,10 @@ def test_the_comparisons_take_the_cases_of_the_machine(monkeypatch: pytest.Monke
     assert [b for *_, b, kind in evaluations if kind == "throughput"][0] == batch
 
 
-def test_only_the_default_options_are_held_to_the_goal() -> None:
+def test_only_the_default_options_are_held_to_the_goal(monkeypatch: pytest.MonkeyPatch) -> None:
     from benchmarks import inference, overhead
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU's cases, named below
     fits = overhead.chosen_cases(options=True)
     assert [held for _, held in fits] == [True] * len(overhead.CASES) + [False] * len(overhead.OPTIONS)
     evaluations = inference.chosen_cases(options=True)

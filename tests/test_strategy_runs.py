@@ -309,7 +309,7 @@ def test_two_nodes_under_torchrun_match_one_node_with_two_processes(tiny_args: l
 
 
 @pytest.mark.slow
-def test_the_step_profile_of_a_ddp_run_is_written_once_by_rank_0(tiny_args: list[str], tmp_path: Path) -> None:
+def test_a_ddp_run_with_the_step_profile_ends_and_writes_it(tiny_args: list[str], tmp_path: Path) -> None:
     """StepProfile profiles rank 0 only, but every rank reads the run folder (a collective under ddp): a rank
     that skipped it would leave the others waiting, and the run would hang until the timeout below."""
     run_project(

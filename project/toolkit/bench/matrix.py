@@ -68,7 +68,7 @@ SIGTERM_STATUS = 128 + signal.SIGTERM  # as a shell reports a process SIGTERM en
 
 
 def run_in_own_session(
-    command: list[str], stdout: IO, stderr: IO | int, timeout_s: float, cwd: Path | None = None
+    command: list[str], stdout: IO | int | None, stderr: IO | int | None, timeout_s: float, cwd: Path | None = None
 ) -> int | None:
     """Run ``command`` to its end and return its exit status, or None if it ran past ``timeout_s``.
     It runs in a process session of its own, so a timeout (or Ctrl-C here, or SIGTERM under
@@ -127,12 +127,12 @@ def ending_sessions_on_sigterm() -> Iterator[None]:
         if threading.get_ident() not in _STARTING:
             raise SystemExit(SIGTERM_STATUS)
 
-    _ENDING.clear()  # a process may run several benches (tests do)
     previous = signal.signal(signal.SIGTERM, end_sessions)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _ENDING.clear()  # its sessions are over: a process may go on to run others (tests do)
 
 
 def _run_logged(command: list[str], log_stem: Path, timeout_s: float) -> str | None:
