@@ -330,11 +330,12 @@ def eval_latency(clock: dict[str, Any], warmup: int) -> float:
     return statistics.median(end - start for start, end, _ in clock["eval_batches"][warmup:])
 
 
-def epoch_throughput(epochs: list[dict[str, Any]]) -> float:
-    """Images per second over the epochs after the first, as ``timing.json`` computes
-    ``train_samples_per_second`` (each epoch from its start to its last step)."""
+def epoch_throughput(epochs: list[dict[str, Any]], count: str = "samples") -> float:
+    """Images per second over the epochs after the first (all of them if there is one), as ``timing.json``
+    computes ``train_samples_per_second`` (each epoch from its start to its last step); ``count``: the key of
+    an epoch's images."""
     steady = epochs[1:] or epochs
-    return sum(e["samples"] for e in steady) / sum(e["seconds"] for e in steady)
+    return sum(e[count] for e in steady) / sum(e["seconds"] for e in steady)
 
 
 def session_ratio(runs: dict[str, list[dict[str, float]]], key: str, side: str = "template") -> float:

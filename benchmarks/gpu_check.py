@@ -62,12 +62,12 @@ NAN_STOP = "training loss is"  # FiniteLossGuard's one-line message
 Check = Callable[[Path, str], str | None]
 
 
-def no_gpu_line() -> str | None:
-    """The one line printed on a machine without a usable CUDA GPU; None where there is one."""
+def no_gpu_line(tool: str = "gpu-check") -> str | None:
+    """The one line ``tool`` prints on a machine without a usable CUDA GPU; None where there is one."""
     if torch.cuda.is_available():
         return None
     build = "yes" if torch.version.cuda else "no"
-    return f"gpu-check: no CUDA GPU here (torch {torch.__version__}, CUDA build: {build}); nothing to check"
+    return f"{tool}: no CUDA GPU here (torch {torch.__version__}, CUDA build: {build}); nothing to check"
 
 
 def slug(text: str) -> str:
@@ -348,7 +348,7 @@ def write_report(
     results: list[dict[str, Any]], environment: dict[str, Any], out: Path, command: str
 ) -> tuple[Path, Path]:
     """``gpu-check.md`` and ``gpu-check.json`` in ``out``: the environment, one row per path (pass, fail or
-    skip, with its figures), the timing cost, and the last lines of each failing command."""
+    skip, with its figures), and the last lines of each failing command."""
     from project.toolkit.measure.tables import (  # imports the project (and Lightning): only when reporting
         markdown_table,
         number,

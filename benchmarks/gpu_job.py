@@ -156,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         if not all(i.isdigit() and int(i) < len(chosen) for i in picked):
             parser.error(f"--only={args.only}: comma-separated numbers from 0 to {len(chosen) - 1}")
         chosen = [chosen[int(i)] for i in picked]
-    line = no_gpu_line()
+    line = no_gpu_line("gpu-job")
     if line is not None:
-        print(line.replace("gpu-check", "gpu-job"))
+        print(line)
         return 0
     from project.toolkit.measure.environment import run_environment
 
@@ -192,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
             code, output, wall = run_logged(cmd, folder / "fit.log", args.timeout_minutes * 60)
             result = {"name": name, "command": shlex.join(cmd), "code": code, "wall_seconds": wall}
             result["git_commit"] = environment.get("git_commit")  # runs kept from an earlier call keep their own
-            profile = newest_json(folder, "step_profile.json")
-            result["figures"] = figures(newest_timing(folder), profile) if code == 0 else {}
+            if code == 0:
+                result["figures"] = figures(newest_timing(folder), newest_json(folder, "step_profile.json"))
+            else:
+                result["figures"] = {}
             result["error_lines"] = last_lines(output) if code != 0 else []
             results.append(result)
             f = result["figures"]

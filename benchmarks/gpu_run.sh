@@ -16,8 +16,8 @@
 #   bench    python -m project bench --config configs/bench/gpu1.yaml; its tables from the finished cells
 #   bench-mobilenet_v2, bench-resnet50   the same matrix for one network only (half of it, to fit one call);
 #            the two halves' cells, brought back from two calls, make the whole table with `project compare`
-# On one H100: check about 2 minutes, job about 7 (five of its six runs took 6.6); bench about 15 (its
-# MobileNetV2 cells took 95-147 s each); profile, timing, overhead and inference not run yet (estimated
+# On one H100: check about 2 minutes, job about 7 (five of its six runs took 6.6); bench about 15, estimated
+# from its MobileNetV2 cells (95-147 s each; no ResNet50 cell has run); profile, timing, overhead and inference not run yet (estimated
 # 2-10 minutes each).
 # A stage is not started after DEADLINE_S seconds (default 540), and each is stopped at it, so the whole
 # command ends inside a 10-minute limit; the runs' folders are kept in OUT/runs/, and every report is

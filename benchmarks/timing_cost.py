@@ -34,7 +34,18 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.data import extract_batch_size
 
-from benchmarks._common import ROUND, Setup, balanced, common_arguments, gpu_job_setup, machine, parse, publish, run
+from benchmarks._common import (
+    ROUND,
+    Setup,
+    balanced,
+    common_arguments,
+    epoch_throughput,
+    gpu_job_setup,
+    machine,
+    parse,
+    publish,
+    run,
+)
 from benchmarks.paired import order, settle_process
 from project.toolkit.measure.devices import HostClock, synchronizer
 from project.toolkit.measure.tables import number
@@ -100,8 +111,7 @@ def steady_speed(epochs: list[dict[str, float]]) -> float:
     >>> steady_speed([{"seconds": 9.0, "images": 10}, {"seconds": 1.0, "images": 10}, {"seconds": 3.0, "images": 30}])
     10.0
     """
-    steady = epochs[1:] or epochs
-    return sum(e["images"] for e in steady) / sum(e["seconds"] for e in steady)
+    return epoch_throughput(epochs, count="images")
 
 
 def run_variant(variant: str, setup: Setup, folder: Path) -> float:
@@ -146,7 +156,11 @@ def measure(setup: Setup, repeats: int, threads: int, work: Path) -> dict[str, A
         folder = work / f"{setup.label.replace(' ', '-')}-{repeat}"
         folder.mkdir(parents=True, exist_ok=True)
         spec = json.dumps({"setup": asdict(setup), "rotation": repeat})
-        run([sys.executable, "-m", "benchmarks.timing_cost", "session", spec, str(folder)], threads, runs=6)
+        run(
+            [sys.executable, "-m", "benchmarks.timing_cost", "session", spec, str(folder)],
+            threads,
+            runs=2 * len(VARIANTS),
+        )
         speeds = json.loads((folder / "session.json").read_text())
         for name in VARIANTS:
             runs[name] += speeds[name]

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, TensorDataset
 
 from project.toolkit.callbacks.timing import TimingCallback
 from project.toolkit.measure.anatomy import AnatomyWindow, StepTimes, covered, split_step
 from project.toolkit.measure.devices import HostClock
+from tests.conftest import quiet_trainer
 from tests.test_strategy_runs import run_project
 from tests.test_timing import FakeAsyncDevice
 
@@ -95,17 +96,7 @@ def fit_linear(tmp_path: Path, batches: int, anatomy_steps: int) -> tuple[FakeAs
     device = FakeAsyncDevice()
     callback = TimingCallback(warmup_iterations=1, anatomy_steps=anatomy_steps)
     callback.make_clock = lambda torch_device, sync_every_step: device
-    trainer = Trainer(
-        accelerator="cpu",
-        max_epochs=2,
-        limit_train_batches=batches,
-        callbacks=[callback],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = quiet_trainer(tmp_path, max_epochs=2, limit_train_batches=batches, callbacks=[callback])
     data = TensorDataset(torch.randn(8 * batches, 4))
     trainer.fit(Linear(), DataLoader(data, batch_size=8))
     return device, callback.report

@@ -51,7 +51,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, codes: dict[str, int]) -> list[lis
             (run / "step_profile.json").write_text(json.dumps(PROFILE))
         return code, "RuntimeError: boom\n" if code else "", 12.0
 
-    monkeypatch.setattr(gpu_job, "no_gpu_line", lambda: None)
+    monkeypatch.setattr(gpu_job, "no_gpu_line", lambda tool: None)
     monkeypatch.setattr(gpu_job, "run_logged", run_logged)
     monkeypatch.setattr("project.toolkit.measure.environment.run_environment", lambda: {"device_name": "H100"})
     return commands

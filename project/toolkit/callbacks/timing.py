@@ -172,6 +172,8 @@ class TimingCallback(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if not self._train.in_epoch:  # resumed mid-epoch: Lightning calls no on_train_epoch_start then
+            # (the anatomy is not placed in this part-epoch, whose batch indices do not start at 0: it takes
+            # the next whole epoch)
             self._train.start_epoch(self._clock.wait())
         self._train.start_batch()
         self._anatomy.batch_start()

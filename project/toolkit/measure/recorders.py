@@ -18,18 +18,17 @@ class TrainRecorder:
     def __init__(self, clock: DeviceClock, fit_start: float) -> None:
         self.clock, self.fit_start = clock, fit_start
         self.iterations: list[float] = []  # seconds, read at each epoch's end
-        self.pending: list[tuple[Any, Any]] = []  # this epoch's (start, end) marks
-        # This epoch's data waits: (the previous batch's end or the epoch's start, this batch's start) marks.
-        # On the device's clock, so on a GPU a wait is the time the GPU spent between steps (idle, or on the
-        # batch's copy and augmentation); the host's own time there would also hold its waits for the GPU
-        # whenever it runs ahead (on an H100 it read 13 % of an epoch where the step anatomy, on the GPU's
-        # clock, put 3 % of a step between steps).
-        self.gaps: list[tuple[Any, Any]] = []
+        # This epoch's (wait start, start, end) marks of each batch: its data wait runs from the previous batch's
+        # end (or the epoch's start, or an in-epoch validation's end) to its start. On the device's clock, so on a
+        # GPU a wait is the time the GPU spent between steps (idle, or on the batch's copy and augmentation); the
+        # host's own time there would also hold its waits for the GPU whenever it runs ahead (on an H100 it read
+        # 13 % of an epoch where the step anatomy, on the GPU's clock, put 3 % of a step between steps).
+        self.pending: list[tuple[Any, Any, Any]] = []
         self.val_runs: list[float] = []
         self.in_epoch = False
         self.epoch_start = self.val_start = 0.0
         self.samples, self.val_in_epoch = 0, 0.0
-        self.batch_mark: Any = None
+        self.batch_marks: tuple[Any, Any] = (None, None)  # the batch under way's (wait start, start)
         self.last_end_mark: Any = None
 
     def start_epoch(self, now: float) -> None:
@@ -38,12 +37,11 @@ class TrainRecorder:
         self.last_end_mark = self.clock.mark()
 
     def start_batch(self) -> None:
-        self.batch_mark = self.clock.mark()
-        self.gaps.append((self.last_end_mark, self.batch_mark))
+        self.batch_marks = (self.last_end_mark, self.clock.mark())
 
     def end_batch(self, samples: int) -> None:
         self.last_end_mark = self.clock.mark()
-        self.pending.append((self.batch_mark, self.last_end_mark))
+        self.pending.append((*self.batch_marks, self.last_end_mark))
         self.samples += samples
 
     def start_validation(self, now: float) -> None:
@@ -59,10 +57,9 @@ class TrainRecorder:
     def end_epoch(self, now: float) -> EpochRecord:
         """The epoch just ended; ``now`` was read after waiting for the device, so its marks are done."""
         self.in_epoch = False
-        self.iterations += [self.clock.seconds(start, end) for start, end in self.pending]
-        data_wait = sum(self.clock.seconds(start, end) for start, end in self.gaps)
+        self.iterations += [self.clock.seconds(start, end) for _, start, end in self.pending]
+        data_wait = sum(self.clock.seconds(wait, start) for wait, start, _ in self.pending)
         self.pending.clear()
-        self.gaps.clear()
         return EpochRecord(now - self.epoch_start - self.val_in_epoch, self.samples, data_wait, self.val_in_epoch)
 
     def fit_record(self, now: float, warmup: int) -> FitRecord:
@@ -101,9 +98,9 @@ class InferenceRecorder:
         in an H100's test of MobileNetV2 one batch, most likely that one, took about 2.8 s against a median
         of 8 ms, and the test's images/s read 3,000 for about 30,000."""
         seconds = [self.clock.seconds(start, end) for start, end in self.marks]
-        after = [i for i in range(len(seconds)) if i >= warmup]
-        # with nothing left, the warm-up's end; with nothing after the warm-up, everything
-        kept = [i for i in measured_batches(self.samples) if i >= warmup] or after or list(range(len(seconds)))
+        # with nothing left, after_warmup's rule: the batches after the warm-up, or all of them
+        everything = list(range(len(seconds)))
+        kept = [i for i in measured_batches(self.samples) if i >= warmup] or after_warmup(everything, warmup)
         latencies = [seconds[i] for i in kept]
         stats = [nan_for_none(v) for v in describe(latencies).values()]
         return InferenceRecord(*stats, len(latencies), sum(self.samples[i] for i in kept), sum(latencies))
@@ -116,10 +113,10 @@ def measured_batches(sizes: list[int]) -> list[int]:
     >>> measured_batches([256, 256, 256, 16]), measured_batches([1, 1]), measured_batches([256, 16, 16])
     ([0, 1, 2], [0, 1], [0, 2])
     """
-    seen = set(sizes[:1])
-    kept = list(range(min(1, len(sizes))))
-    for index, size in enumerate(sizes[1:], 1):
-        if size in seen:
+    seen: set[int] = set()
+    kept = []
+    for index, size in enumerate(sizes):
+        if index == 0 or size in seen:
             kept.append(index)
         seen.add(size)
     return kept

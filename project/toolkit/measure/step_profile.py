@@ -34,6 +34,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
+from project.toolkit.measure.anatomy import covered
 from project.toolkit.measure.devices import HostClock, synchronizer
 
 log = get_logger(__name__)
@@ -65,9 +66,11 @@ class StepProfile(Callback):
         self._profiled = 0  # of them, in the window
         self._folder = Path()
         self._clock = HostClock()
+        self._cuda = False  # whether the device has a timeline of its own to profile
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._clock = HostClock(synchronizer(trainer.strategy.root_device))
+        self._cuda = trainer.strategy.root_device.type == "cuda"
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # On every rank: Lightning broadcasts log_dir from rank 0, a collective that rank 0 alone would hang in.
@@ -77,8 +80,7 @@ class StepProfile(Callback):
         if not (trainer.is_global_zero and self.first_step <= self._seen < self.first_step + self.steps):
             return
         if self._profiler is None:
-            cuda = trainer.strategy.root_device.type == "cuda"
-            activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+            activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self._cuda else [])]
             self._profiler = profile(activities=activities)
             self._profiler.__enter__()
             self._start = self._clock.wait()  # nothing queued when the window starts: its device time is its steps
@@ -118,24 +120,10 @@ class StepProfile(Callback):
         self._profiler.export_chrome_trace(str(trace))
         self._profiler = None
         events = json.loads(trace.read_text())
-        cuda = trainer.strategy.root_device.type == "cuda"
-        self.summary = summarise(events.get("traceEvents", []), wall, self._profiled, own_syncs=1 if cuda else 0)
+        own_syncs = 1 if self._cuda else 0
+        self.summary = summarise(events.get("traceEvents", []), wall, self._profiled, own_syncs=own_syncs)
         self.summary.update(first_step=self.first_step, device=str(trainer.strategy.root_device))
         (folder / "step_profile.json").write_text(json.dumps(self.summary, indent=2) + "\n")
-
-
-def union_seconds(spans: list[tuple[float, float]]) -> float:
-    """The length of the union of ``(start, end)`` spans in microseconds, in seconds.
-
-    >>> union_seconds([(0.0, 10.0), (5.0, 20.0), (30.0, 40.0)])
-    3e-05
-    """
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total / 1e6
 
 
 def _within(ts: float, spans: list[tuple[float, float]]) -> bool:
@@ -158,7 +146,9 @@ def summarise(events: list[dict[str, Any]], wall: float, steps: int, own_syncs: 
     # a read of a CUDA value waits through its own copy's stream sync: that sync is the read's, counted once
     syncs = sum(e["name"] in SYNC_CALLS and not _within(e["ts"], read_spans) for e in runtime) - own_syncs
     reads = len(read_spans)
-    busy = union_seconds([(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in device]) if device else None
+    # the union of the device's work (overlaps, several streams, counted once), in seconds
+    spans = [(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in device]
+    busy = covered(spans, float("-inf"), float("inf")) / 1e6 if device else None
     kernels: Counter[str] = Counter()
     for e in device:
         kernels[e["name"]] += e.get("dur", 0.0)
