@@ -33,3 +33,13 @@ def test_reset_under_inference_mode_leaves_it_usable_outside() -> None:
     with torch.inference_mode():
         mean.update(torch.tensor([8.0]))
     assert mean.compute().item() == 4.0
+
+
+def test_an_update_after_compute_makes_compute_count_it() -> None:
+    # compute() keeps its result until an update marks it stale, and warns when no update came since a reset
+    mean = SampleMean()
+    mean.update(torch.tensor([2.0]))
+    assert mean.compute().item() == 2.0
+    mean.update(torch.tensor([4.0]))
+    assert mean.compute().item() == 3.0
+    assert mean._update_count == 2

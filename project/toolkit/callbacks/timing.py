@@ -183,7 +183,7 @@ class TimingCallback(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._train.end_batch(extract_batch_size(batch))
+        self._train.end_batch(batch_size_of(batch))
         self._anatomy.batch_end(batch_idx)
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
@@ -281,7 +281,7 @@ class TimingCallback(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._inference.end_batch(extract_batch_size(batch))
+        self._inference.end_batch(batch_size_of(batch))
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._finish_inference(trainer, pl_module, "test")
@@ -496,3 +496,16 @@ def update_timing_json(path: Path, report: dict[str, Any]) -> dict[str, Any]:
     temporary.write_text(json.dumps(merged, indent=2) + "\n")
     os.replace(temporary, path)
     return merged
+
+
+def batch_size_of(batch: Any) -> int:
+    """The number of samples in ``batch``: the length of its first tensor where it is a tuple or list starting
+    with one, as a data set's batches are (``(images, labels)``); else Lightning's ``extract_batch_size``,
+    which walks any collection for a tensor at a dozen Python calls a batch.
+
+    >>> batch_size_of((torch.zeros(5, 3), torch.zeros(5))), batch_size_of({"x": torch.zeros(2, 4)})
+    (5, 2)
+    """
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) and batch[0].ndim:
+        return len(batch[0])
+    return extract_batch_size(batch)
