@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule, Trainer, seed_everything
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch.nn import functional as F
 
 from benchmarks._common import Setup
@@ -38,15 +38,16 @@ from project.toolkit.measure.stamps import StepStamps
 from project.toolkit.training import WarmupCosine
 
 
-def bare_trainer(setup: Setup, folder: Path, **options: Any) -> Trainer:
+def bare_trainer(setup: Setup, folder: Path, observers: tuple[Callback, ...] = (), **options: Any) -> Trainer:
     """A Trainer with nothing but Lightning's loop: no logger, callbacks but the stamps (to
-    ``folder/clock.json``), progress bar or model summary; on the plain loop's device."""
+    ``folder/clock.json``) and ``observers`` after them, progress bar or model summary; on the plain loop's
+    device."""
     return Trainer(
         accelerator="gpu" if device_of_plain_loops().type == "cuda" else "cpu",
         devices=1,
         precision=setup.precision,
         logger=False,
-        callbacks=[StepStamps(str(folder / "clock.json"))],
+        callbacks=[StepStamps(str(folder / "clock.json")), *observers],
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -129,16 +130,18 @@ class PlainEvaluation(LightningModule):
         return self.net(batch[0]).argmax(1)
 
 
-def lightning_infer(setup: Setup, batch_size: int, predict: bool, folder: Path) -> dict[str, Any]:
+def lightning_infer(
+    setup: Setup, batch_size: int, predict: bool, folder: Path, observers: tuple[Callback, ...] = ()
+) -> dict[str, Any]:
     """``test`` (or ``predict``) of :class:`PlainEvaluation` on ``setup``'s test images in batches of
-    ``batch_size``, on the device the plain loop takes; returns the stamps, in the layout of the plain
-    loop's, under ``"clock"``."""
+    ``batch_size``, on the device the plain loop takes, with the callbacks ``observers`` after the stamps;
+    returns the stamps, in the layout of the plain loop's, under ``"clock"``."""
     device = device_of_plain_loops()
     seed_everything(setup.seed, verbose=False)
     split = splits(setup, device, "test", batch_size)["test"]
     batches = SliceBatches(len(split), batch_size, num_replicas=1, rank=0)
     limit = setup.test_batches if setup.test_batches is not None else 1.0
-    trainer = bare_trainer(setup, folder, limit_test_batches=limit, limit_predict_batches=limit)
+    trainer = bare_trainer(setup, folder, observers, limit_test_batches=limit, limit_predict_batches=limit)
     module = PlainEvaluation(setup, split, device)
     if predict:
         trainer.predict(module, batches)

@@ -28,7 +28,7 @@ import sys
 import time
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from lightning.pytorch import seed_everything
@@ -39,6 +39,14 @@ from benchmarks._common import Setup
 from project.toolkit.data.augmentation import PADDING, augment, rows_of, to_model_input
 from project.toolkit.host_memory import DEFAULT_TRIM_THRESHOLD_MB, keep_freed_host_memory
 from project.toolkit.measure.devices import SyncingClock, synchronizer
+
+
+class StepObserver(Protocol):
+    """What :func:`plain_infer` tells where the template's batch hooks would run."""
+
+    def step_started(self) -> None: ...
+
+    def step_ended(self) -> None: ...
 
 
 def build_net(setup: Setup, device: torch.device, num_classes: int = 10) -> nn.Module:
@@ -240,12 +248,13 @@ def evaluate(net: nn.Module, split: InMemory, setup: Setup, device: torch.device
     return correct.item() / max(1, seen)
 
 
-def plain_infer(setup: Setup, batch_size: int, predict: bool) -> dict[str, Any]:
+def plain_infer(setup: Setup, batch_size: int, predict: bool, observer: StepObserver | None = None) -> dict[str, Any]:
     """The evaluation loop a careful user writes: eval mode, ``inference_mode``, channels_last, batches
     resized and normalised in the loop, the loss and accuracy of ``test`` summed on the device and read
     once at the end (``predict``: the predicted classes, gathered once at the end). A batch is stamped
     from its arrival on the device ready for the network to its result, where the template's
-    ``on_*_batch_start`` / ``on_*_batch_end`` hooks run."""
+    ``on_*_batch_start`` / ``on_*_batch_end`` hooks run; ``observer`` is told at the same places, after the
+    start's stamp and after the end's."""
     device = device_of_plain_loops()
     now = clock_of(device)
     seed_everything(setup.seed, verbose=False)
@@ -259,6 +268,8 @@ def plain_infer(setup: Setup, batch_size: int, predict: bool) -> dict[str, Any]:
             if step == setup.test_batches:
                 break
             start = now()
+            if observer:
+                observer.step_started()
             logits = net(images)
             if predict:
                 predictions.append(logits.argmax(1))
@@ -266,6 +277,8 @@ def plain_infer(setup: Setup, batch_size: int, predict: bool) -> dict[str, Any]:
                 loss_sum += F.cross_entropy(logits, labels, reduction="sum")
                 correct += (logits.argmax(1) == labels).sum()
             batches.append([start, now(), len(labels)])
+            if observer:
+                observer.step_ended()
     results = torch.cat(predictions).cpu().tolist() if predict else [loss_sum.item(), correct.item()]
     return {"results": len(results), "clock": as_layout({"eval_batches": batches})}
 

@@ -34,6 +34,7 @@ SCRIPTS = [
     "benchmarks.parity",
     "benchmarks.host_memory",
     "benchmarks.timing_cost",
+    "benchmarks.host_calls",
 ]
 
 
@@ -397,3 +398,51 @@ def test_only_the_default_options_are_held_to_the_goal(monkeypatch: pytest.Monke
     held = {name for (name, *_), goal in evaluations if goal}
     assert held == {name for name, *_, kind in inference.CASES if kind == "throughput"}  # not batch 1
     assert all(not goal for (name, *_), goal in evaluations if name in {c[0] for c in inference.OPTION_CASES})
+
+
+def _steps(counter: Any, work: Any, steps: int = 5) -> dict[str, dict[str, float]]:
+    for _ in range(steps):
+        counter.step_started()
+        work()
+        counter.step_ended()
+    counter.stop()
+    return counter.per_batch()
+
+
+def test_the_call_counter_counts_a_steps_calls_and_puts_a_modules_to_the_network() -> None:
+    from benchmarks import host_calls
+
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    x = torch.zeros(1, 4)
+
+    def eleven_more() -> None:
+        for _ in range(11):
+            len("x")
+
+    idle = _steps(host_calls.CallCounter(), lambda: None)
+    busy = _steps(host_calls.CallCounter(), eleven_more)
+    network = _steps(host_calls.CallCounter(), lambda: net(x))
+    # each step: the counter's own calls at the switches, the step's function, and what that calls
+    assert busy["step"][host_calls.REST] - idle["step"][host_calls.REST] == 11
+    assert busy["between"] == idle["between"]
+    assert network["step"][host_calls.REST] == idle["step"][host_calls.REST]  # all else is under the module call
+    assert network["step"][host_calls.NETWORK] > 3  # the modules' calls, their forward and torch's functions
+
+
+@pytest.mark.slow
+def test_host_calls_counts_every_sides_calls_per_batch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from benchmarks import _common, host_calls
+
+    monkeypatch.setattr(host_calls, "SETUP", _common.Setup(image_size=32, batch_size=4, test_batches=6))
+    host_calls.main(["--out", str(tmp_path)])
+    calls = json.loads((tmp_path / "host_calls.json").read_text())["calls"]
+    for stage in host_calls.STAGES:
+        sides = calls[stage]
+        network = {side: sides[side]["step"][host_calls.NETWORK] for side in _common.SIDES}
+        # one forward of the same network everywhere; the template's also goes through its LightningModule's call
+        assert network["plain"] == network["lightning"] > 1000
+        assert 0 < network["template"] - network["plain"] <= 5
+        per_batch = {side: sum(sum(sides[side][w].values()) for w in host_calls.WINDOWS) for side in _common.SIDES}
+        assert per_batch["plain"] < per_batch["lightning"] < per_batch["template"]
+        assert any(origin.startswith("project/model.py:") for origin in sides["template"]["step"])
+    assert "Python calls in the plain loop" in (tmp_path / "host_calls.md").read_text()

@@ -1,0 +1,213 @@
+"""Host work per inference batch, counted rather than timed: the Python calls of each side in a step and
+between two steps, and where the template's come from.
+
+``python -m benchmarks.host_calls`` runs MobileNetV2's ``test`` and ``predict`` at the settings of
+``benchmarks.inference`` once per side -- the plain loop, Lightning's loop alone, the template with its defaults
+(the sides of :mod:`benchmarks.paired`) -- in this one process, with every Python call counted
+(``sys.setprofile``: Python functions and built-ins alike) in the two windows ``inference.md`` times: in the
+step (from the batch's ``on_*_batch_start`` to its ``on_*_batch_end``, where the stamps are taken) and
+between two steps. Each call is put down to where it comes from (:func:`origin`): the network (any call
+under an ``nn.Module`` call), the template's code (the innermost frame under ``project/``, by function) or
+the rest (Lightning's loop, torch's Python functions, the plain loop's own lines). The figures are means per
+batch over the batches after the first 3 (the warm-up every side leaves out).
+
+Why count: the template's test batch takes some 0.9 ms (4 %) longer than the plain loop's on this CPU
+(``inference.md``), and a ``perf`` profile (``docs/performance.md``) found the kernels' time the same on
+every side: the difference is host work, most of it in the Python interpreter. On a shared 2-core machine that
+cannot be timed to a tenth of a millisecond per batch; its calls can be counted exactly, whatever the load.
+So a change that adds work per batch shows here as calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch import nn
+
+from benchmarks._common import RESULTS, SIDES, Setup, machine, parse, publish, template_arguments
+from benchmarks.inference import MOBILENET, WARMUP_BATCHES
+from benchmarks.lightning_loop import lightning_infer
+from benchmarks.plain import plain_infer, reuse_freed_host_memory
+from project.toolkit.measure.tables import number
+
+SETUP = replace(MOBILENET, test_batches=12)  # a batch's calls hardly vary after the warm-up
+STAGES = ("test", "predict")
+WINDOWS = ("step", "between")
+NETWORK, REST = "the network", "Lightning, torch and the loop"
+PROJECT = str(Path(__file__).resolve().parents[1] / "project") + "/"
+# An nn.Module call's frames: everything under them is the network's.
+MODULE_CALLS = {nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__}
+# Where Lightning's loops run: a frame of the template's above them (its entry point) owns nothing.
+LOOPS = "/lightning/pytorch/loops/"
+SHOWN = 12  # origins listed in the second table
+
+
+def origin(frame: FrameType | None) -> str:
+    """Where the call made in ``frame`` comes from: :data:`NETWORK` if any frame up to Lightning's loop is an
+    ``nn.Module`` call, else the innermost frame of the template's code below the loop (``path:function``),
+    else :data:`REST`."""
+    while frame is not None:
+        code = frame.f_code
+        if code in MODULE_CALLS:
+            return NETWORK
+        if code.co_filename.startswith(PROJECT):
+            return f"{code.co_filename[len(PROJECT) - len('project/') :]}:{code.co_name}"
+        if LOOPS in code.co_filename:
+            return REST
+        frame = frame.f_back
+    return REST
+
+
+class CallCounter:
+    """Counts the Python calls of this thread by :func:`origin`, one counter per window: a step (from
+    :meth:`step_started` to :meth:`step_ended`) or the time between two steps (from one's end to the next one's
+    start; the one after the last step is dropped by :meth:`stop`)."""
+
+    def __init__(self) -> None:
+        self.windows: dict[str, list[Counter[str]]] = {window: [] for window in WINDOWS}
+        self._open: Counter[str] | None = None
+
+    def step_started(self) -> None:
+        self._switch("step")
+
+    def step_ended(self) -> None:
+        self._switch("between")
+
+    def stop(self) -> None:
+        sys.setprofile(None)
+        if self._open is not None and self.windows["between"] and self.windows["between"][-1] is self._open:
+            self.windows["between"].pop()
+        self._open = None
+
+    def _switch(self, window: str) -> None:
+        sys.setprofile(None)
+        self._open = Counter()
+        self.windows[window].append(self._open)
+        sys.setprofile(self._count)
+
+    def _count(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event in ("call", "c_call") and self._open is not None:
+            self._open[origin(frame)] += 1
+
+    def per_batch(self) -> dict[str, dict[str, float]]:
+        """Each window's mean calls per batch by origin, over the batches after the warm-up."""
+        means = {}
+        for window, counters in self.windows.items():
+            kept = counters[WARMUP_BATCHES:]
+            origins = set().union(*kept) if kept else set()
+            means[window] = {o: statistics.fmean(c[o] for c in kept) for o in origins}
+        return means
+
+
+class CountedSteps(Callback):
+    """A :class:`CallCounter` at a Lightning run's test and predict batch hooks, written to ``path`` (JSON:
+    :meth:`CallCounter.per_batch`) when the run ends. Add it after the stamps, as :mod:`benchmarks.paired`
+    adds them: ``--trainer.callbacks+=benchmarks.host_calls.CountedSteps --trainer.callbacks.path=...``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.counter = CallCounter()
+
+    def on_test_batch_start(self, *args: Any) -> None:
+        self.counter.step_started()
+
+    def on_test_batch_end(self, *args: Any) -> None:
+        self.counter.step_ended()
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.counter.stop()
+        self.path.write_text(json.dumps(self.counter.per_batch()))
+
+    on_predict_batch_start = on_test_batch_start
+    on_predict_batch_end = on_test_batch_end
+    on_predict_end = on_test_end
+
+
+def counted(side: str, stage: str, setup: Setup, folder: Path) -> dict[str, dict[str, float]]:
+    """One run of ``side`` on ``stage`` in this process, its calls counted: mean calls per batch by window and
+    origin."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "calls.json"
+    if side == "plain":
+        counter = CallCounter()
+        try:
+            plain_infer(setup, setup.batch_size, stage == "predict", observer=counter)
+        finally:
+            counter.stop()
+        return counter.per_batch()
+    if side == "lightning":
+        lightning_infer(setup, setup.batch_size, stage == "predict", folder, (CountedSteps(str(path)),))
+    else:
+        from project.__main__ import main
+
+        # by its importable name: run as ``python -m``, this module is ``__main__``
+        counting = ["--trainer.callbacks+=benchmarks.host_calls.CountedSteps", f"--trainer.callbacks.path={path}"]
+        main([*template_arguments(stage, setup, folder), *counting])
+    sys.setprofile(None)  # a run that failed midway leaves the counter on
+    return json.loads(path.read_text())
+
+
+def total(calls: dict[str, float], only: str | None = None) -> float:
+    return sum(n for o, n in calls.items() if only is None or o == only)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.host_calls", description=__doc__.splitlines()[0])
+    parser.set_defaults(module="benchmarks.host_calls", threads=0)  # counts do not depend on threads
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
+    args = parse(parser, argv)
+    started, where = time.perf_counter(), machine(args.threads)
+    print(f"host_calls: {where}", flush=True)
+    reuse_freed_host_memory(SETUP)  # as in a session: every side runs under the template's settings
+    calls: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="host-calls-") as work:
+        for stage in STAGES:
+            calls[stage] = {side: counted(side, stage, SETUP, Path(work) / f"{stage}-{side}") for side in SIDES}
+    rows = []
+    for stage in STAGES:
+        for side in SIDES:
+            step, between = (calls[stage][side][w] for w in WINDOWS)
+            extra = total(step) + total(between) - total(calls[stage]["plain"]["step"])
+            extra -= total(calls[stage]["plain"]["between"])
+            figures = [total(step), total(step, NETWORK), total(between), total(step) + total(between), extra]
+            rows.append([stage, side, *(number(f, 0) for f in figures)])
+    header = ["stage", "side", "in the step", "of them the network's", "between steps", "a batch", "over plain"]
+    extra_header = ["stage", "window", "origin", "lightning", "template", "template over lightning"]
+    extra_rows = []
+    for stage in STAGES:
+        for window in WINDOWS:
+            light, tmpl = (calls[stage][side][window] for side in ("lightning", "template"))
+            origins = sorted(set(light) | set(tmpl), key=lambda o: -abs(tmpl.get(o, 0) - light.get(o, 0)))
+            for o in origins[:SHOWN]:
+                a, b = light.get(o, 0), tmpl.get(o, 0)
+                extra_rows.append([stage, window, o, number(a, 1), number(b, 1), f"{b - a:+.1f}"])
+    test = calls["test"]
+    plain = sum(total(test["plain"][w]) for w in WINDOWS)
+    ls, lb, ts, tb = (total(test[side][w]) for side in ("lightning", "template") for w in WINDOWS)
+    headline = (
+        f"host_calls: a MobileNetV2 test batch makes {plain:.0f} Python calls in the plain loop, "
+        f"{ls + lb - plain:+.0f} in Lightning's loop alone and {ts + tb - ls - lb:+.0f} more in the template "
+        f"({ts - ls:+.0f} in the step, {tb - lb:+.0f} between steps)"
+    )
+    notes = (
+        f"{where}; {SETUP.label}, batch {SETUP.batch_size}, {SETUP.test_batches} batches a run, means over those "
+        f"after the first {WARMUP_BATCHES}; one run per side in one process; "
+        f"{time.perf_counter() - started:.0f} s"
+    )
+    report = {"machine": where, "setup": SETUP.__dict__, "calls": calls}
+    publish(args, "host_calls", report, header, rows, notes, headline, extra=(extra_header, extra_rows))
+
+
+if __name__ == "__main__":
+    main()
