@@ -6,16 +6,19 @@ between two steps, and where the template's come from.
 (the sides of :mod:`benchmarks.paired`) -- in this one process, with every Python call counted
 (``sys.setprofile``: Python functions and built-ins alike) in the two windows ``inference.md`` times: in the
 step (from the batch's ``on_*_batch_start`` to its ``on_*_batch_end``, where the stamps are taken) and
-between two steps. Each call is put down to where it comes from (:func:`origin`): the network (any call
-under an ``nn.Module`` call), the template's code (the innermost frame under ``project/``, by function) or
-the rest (Lightning's loop, torch's Python functions, the plain loop's own lines). The figures are means per
-batch over the batches after the first 3 (the warm-up every side leaves out).
+between two steps. Each call is put down to where it comes from (:func:`origin`, the innermost frame that
+says): the template's code (a frame under ``project/``, by function), the network (an ``nn.Module`` call:
+the template's LightningModule's, so the network's forward and the module's own around it), or the rest
+(Lightning's loop, torch's Python functions, the plain loop's own lines). The figures are means per batch over
+the batches after the first 3 (the warm-up every side leaves out). The plain loop tells its counter directly
+where a step starts and ends; the Lightning sides' counts also hold Lightning's dispatch of the counting
+callback's two hooks, a fixed handful of calls a batch, the same on both.
 
-Why count: the template's test batch takes some 0.9 ms (4 %) longer than the plain loop's on this CPU
-(``inference.md``), and a ``perf`` profile (``docs/performance.md``) found the kernels' time the same on
-every side: the difference is host work, most of it in the Python interpreter. On a shared 2-core machine that
-cannot be timed to a tenth of a millisecond per batch; its calls can be counted exactly, whatever the load.
-So a change that adds work per batch shows here as calls.
+Why count: a MobileNetV2 test batch of the template's takes a few tenths of a millisecond longer than the
+plain loop's on this CPU (``inference.md``, a few percent), and a ``perf`` profile (``docs/performance.md``)
+put the clear part of the difference in the Python interpreter. On a shared 2-core machine that cannot be
+timed to a tenth of a millisecond per batch; its calls can be counted exactly, whatever the load. So a
+change that adds work per batch shows here as calls.
 """
 
 from __future__ import annotations
@@ -54,9 +57,9 @@ SHOWN = 12  # origins listed in the second table
 
 
 def origin(frame: FrameType | None) -> str:
-    """Where the call made in ``frame`` comes from: :data:`NETWORK` if any frame up to Lightning's loop is an
-    ``nn.Module`` call, else the innermost frame of the template's code below the loop (``path:function``),
-    else :data:`REST`."""
+    """Where the call made in ``frame`` comes from, by the innermost frame up to Lightning's loop that says: a
+    frame of the template's code (``project/...py:function``) or an ``nn.Module`` call (:data:`NETWORK`);
+    :data:`REST` where none does."""
     while frame is not None:
         code = frame.f_code
         if code in MODULE_CALLS:
@@ -119,10 +122,20 @@ class CountedSteps(Callback):
         self.path = Path(path)
         self.counter = CallCounter()
 
-    def on_test_batch_start(self, *args: Any) -> None:
+    def on_test_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         self.counter.step_started()
 
-    def on_test_batch_end(self, *args: Any) -> None:
+    def on_test_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         self.counter.step_ended()
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -139,26 +152,25 @@ def counted(side: str, stage: str, setup: Setup, folder: Path) -> dict[str, dict
     origin."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "calls.json"
-    if side == "plain":
-        counter = CallCounter()
-        try:
+    counter = CallCounter()  # the plain loop's; a Lightning run's is its CountedSteps callback's
+    try:
+        if side == "plain":
             plain_infer(setup, setup.batch_size, stage == "predict", observer=counter)
-        finally:
-            counter.stop()
-        return counter.per_batch()
-    if side == "lightning":
-        lightning_infer(setup, setup.batch_size, stage == "predict", folder, (CountedSteps(str(path)),))
-    else:
-        from project.__main__ import main
+        elif side == "lightning":
+            lightning_infer(setup, setup.batch_size, stage == "predict", folder, (CountedSteps(str(path)),))
+        else:
+            from project.__main__ import main
 
-        # by its importable name: run as ``python -m``, this module is ``__main__``
-        counting = ["--trainer.callbacks+=benchmarks.host_calls.CountedSteps", f"--trainer.callbacks.path={path}"]
-        main([*template_arguments(stage, setup, folder), *counting])
-    sys.setprofile(None)  # a run that failed midway leaves the counter on
-    return json.loads(path.read_text())
+            # by its importable name: run as ``python -m``, this module is ``__main__``
+            counting = ["--trainer.callbacks+=benchmarks.host_calls.CountedSteps", f"--trainer.callbacks.path={path}"]
+            main([*template_arguments(stage, setup, folder), *counting])
+    finally:
+        counter.stop()  # sys.setprofile is the thread's: this also stops a Lightning run's counter left on midway
+    return counter.per_batch() if side == "plain" else json.loads(path.read_text())
 
 
 def total(calls: dict[str, float], only: str | None = None) -> float:
+    """The calls of one window (origin: calls per batch), or those of the origin ``only``."""
     return sum(n for o, n in calls.items() if only is None or o == only)
 
 
@@ -189,20 +201,25 @@ def main(argv: list[str] | None = None) -> None:
         for window in WINDOWS:
             light, tmpl = (calls[stage][side][window] for side in ("lightning", "template"))
             origins = sorted(set(light) | set(tmpl), key=lambda o: -abs(tmpl.get(o, 0) - light.get(o, 0)))
-            for o in origins[:SHOWN]:
-                a, b = light.get(o, 0), tmpl.get(o, 0)
-                extra_rows.append([stage, window, o, number(a, 1), number(b, 1), f"{b - a:+.1f}"])
+            for name in origins[:SHOWN]:
+                by_lightning, by_template = light.get(name, 0), tmpl.get(name, 0)
+                difference = f"{by_template - by_lightning:+.1f}"
+                extra_rows.append([stage, window, name, number(by_lightning, 1), number(by_template, 1), difference])
     test = calls["test"]
     plain = sum(total(test["plain"][w]) for w in WINDOWS)
-    ls, lb, ts, tb = (total(test[side][w]) for side in ("lightning", "template") for w in WINDOWS)
+    light_step, light_between, own_step, own_between = (
+        total(test[side][w]) for side in ("lightning", "template") for w in WINDOWS
+    )
     headline = (
         f"host_calls: a MobileNetV2 test batch makes {plain:.0f} Python calls in the plain loop, "
-        f"{ls + lb - plain:+.0f} in Lightning's loop alone and {ts + tb - ls - lb:+.0f} more in the template "
-        f"({ts - ls:+.0f} in the step, {tb - lb:+.0f} between steps)"
+        f"{light_step + light_between - plain:+.0f} in Lightning's loop alone and "
+        f"{own_step + own_between - light_step - light_between:+.0f} more in the template "
+        f"({own_step - light_step:+.0f} in the step, {own_between - light_between:+.0f} between steps)"
     )
     notes = (
         f"{where}; {SETUP.label}, batch {SETUP.batch_size}, {SETUP.test_batches} batches a run, means over those "
-        f"after the first {WARMUP_BATCHES}; one run per side in one process; "
+        f"after the first {WARMUP_BATCHES}; one run per side in one process; the Lightning sides' counts hold "
+        f"Lightning's dispatch of the counting callback's hooks; "
         f"{time.perf_counter() - started:.0f} s"
     )
     report = {"machine": where, "setup": SETUP.__dict__, "calls": calls}

@@ -268,7 +268,7 @@ def plain_infer(setup: Setup, batch_size: int, predict: bool, observer: StepObse
             if step == setup.test_batches:
                 break
             start = now()
-            if observer:
+            if observer is not None:
                 observer.step_started()
             logits = net(images)
             if predict:
@@ -277,7 +277,7 @@ def plain_infer(setup: Setup, batch_size: int, predict: bool, observer: StepObse
                 loss_sum += F.cross_entropy(logits, labels, reduction="sum")
                 correct += (logits.argmax(1) == labels).sum()
             batches.append([start, now(), len(labels)])
-            if observer:
+            if observer is not None:
                 observer.step_ended()
     results = torch.cat(predictions).cpu().tolist() if predict else [loss_sum.item(), correct.item()]
     return {"results": len(results), "clock": as_layout({"eval_batches": batches})}

@@ -11,9 +11,10 @@ import os
 import subprocess
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -25,6 +26,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from project.toolkit.measure.stamps import StepStamps
 from tests.conftest import quiet_trainer
+
+if TYPE_CHECKING:
+    from benchmarks.host_calls import CallCounter
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = [
@@ -400,12 +404,14 @@ def test_only_the_default_options_are_held_to_the_goal(monkeypatch: pytest.Monke
     assert all(not goal for (name, *_), goal in evaluations if name in {c[0] for c in inference.OPTION_CASES})
 
 
-def _steps(counter: Any, work: Any, steps: int = 5) -> dict[str, dict[str, float]]:
-    for _ in range(steps):
+def _steps(counter: CallCounter, work: Callable[[int], object], steps: int = 5) -> dict[str, dict[str, float]]:
+    """``steps`` steps of ``work(step)``, counted by ``counter``; its means per batch."""
+    for step in range(steps):
         counter.step_started()
-        work()
+        work(step)
         counter.step_ended()
     counter.stop()
+    assert [len(counter.windows[w]) for w in ("step", "between")] == [steps, steps - 1]  # none after the last
     return counter.per_batch()
 
 
@@ -415,15 +421,16 @@ def test_the_call_counter_counts_a_steps_calls_and_puts_a_modules_to_the_network
     net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     x = torch.zeros(1, 4)
 
-    def eleven_more() -> None:
-        for _ in range(11):
+    def step_calls(step: int) -> None:  # step k: k built-in calls
+        for _ in range(step):
             len("x")
 
-    idle = _steps(host_calls.CallCounter(), lambda: None)
-    busy = _steps(host_calls.CallCounter(), eleven_more)
-    network = _steps(host_calls.CallCounter(), lambda: net(x))
-    # each step: the counter's own calls at the switches, the step's function, and what that calls
-    assert busy["step"][host_calls.REST] - idle["step"][host_calls.REST] == 11
+    idle = _steps(host_calls.CallCounter(), lambda step: None)
+    busy = _steps(host_calls.CallCounter(), step_calls)
+    network = _steps(host_calls.CallCounter(), lambda step: net(x))
+    # each step: the counter's own calls at its ends, the step's function, and what that calls; the mean is
+    # over the steps after the warm-up (3 and 4 of 0-4)
+    assert busy["step"][host_calls.REST] - idle["step"][host_calls.REST] == (3 + 4) / 2
     assert busy["between"] == idle["between"]
     assert network["step"][host_calls.REST] == idle["step"][host_calls.REST]  # all else is under the module call
     assert network["step"][host_calls.NETWORK] > 3  # the modules' calls, their forward and torch's functions
@@ -440,6 +447,7 @@ def test_host_calls_counts_every_sides_calls_per_batch(monkeypatch: pytest.Monke
         sides = calls[stage]
         network = {side: sides[side]["step"][host_calls.NETWORK] for side in _common.SIDES}
         # one forward of the same network everywhere; the template's also goes through its LightningModule's call
+        # (in this torch: _wrapped_call_impl, _call_impl and its forward; its own lines count as the template's)
         assert network["plain"] == network["lightning"] > 1000
         assert 0 < network["template"] - network["plain"] <= 5
         per_batch = {side: sum(sum(sides[side][w].values()) for w in host_calls.WINDOWS) for side in _common.SIDES}

@@ -3,6 +3,8 @@ evaluation epoch reset it under that mode."""
 
 from __future__ import annotations
 
+import pickle
+
 import torch
 
 from project.toolkit.training import SampleMean
@@ -36,10 +38,21 @@ def test_reset_under_inference_mode_leaves_it_usable_outside() -> None:
 
 
 def test_an_update_after_compute_makes_compute_count_it() -> None:
-    # compute() keeps its result until an update marks it stale, and warns when no update came since a reset
+    # compute() keeps its result until an update marks it stale (SampleMean does that bookkeeping itself)
     mean = SampleMean()
     mean.update(torch.tensor([2.0]))
     assert mean.compute().item() == 2.0
     mean.update(torch.tensor([4.0]))
     assert mean.compute().item() == 3.0
     assert mean._update_count == 2
+
+
+def test_a_copy_counts_its_own_updates() -> None:
+    # the update's bookkeeping writes into one metric's dict: a clone or an unpickled copy (a spawned rank's)
+    # must write into its own
+    mean = SampleMean()
+    mean.update(torch.tensor([2.0]))
+    for copy in (mean.clone(), pickle.loads(pickle.dumps(mean))):
+        copy.update(torch.tensor([4.0]))
+        assert (mean._update_count, copy._update_count) == (1, 2)
+        assert (mean.compute().item(), copy.compute().item()) == (2.0, 3.0)

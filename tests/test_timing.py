@@ -19,7 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader, Dataset
 
 from project.__main__ import main
-from project.toolkit.callbacks.timing import TimingCallback
+from project.toolkit.callbacks.timing import TimingCallback, batch_size_of
 from project.toolkit.measure.summary import (
     EpochRecord,
     FitRecord,
@@ -509,3 +509,21 @@ def test_a_run_resumed_mid_epoch_times_that_epoch_from_its_first_batch(tiny_args
     (epoch,) = timing["epochs"]  # the resumed epoch 1, from its 4th batch
     assert epoch["epoch"] == 1 and epoch["samples"] == 2 * 20
     assert 0 < epoch["seconds"] <= timing["fit_seconds"] and 0 <= epoch["data_wait_seconds"] <= epoch["seconds"]
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        (torch.zeros(5, 3), torch.zeros(5)),
+        [torch.zeros(4, 2), torch.zeros(3)],
+        (torch.tensor(1.0), torch.zeros(6)),
+        {"images": torch.zeros(2, 3)},
+        ((torch.zeros(7, 1), torch.zeros(7)), torch.zeros(7)),
+        torch.zeros(3, 2),
+    ],
+    ids=["images-labels", "list", "0-dim-first", "dict", "nested", "tensor"],
+)
+def test_a_batch_size_is_what_lightning_reads_from_the_batch(batch: object) -> None:
+    from lightning.pytorch.utilities.data import extract_batch_size
+
+    assert batch_size_of(batch) == extract_batch_size(batch)
