@@ -67,12 +67,13 @@ test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included
 # Template vs plain PyTorch, both with default options: training overhead, inference, input paths; and what
 # host memory reuse gives a CPU run (about 20 minutes on 2 CPU cores). Results in benchmarks/results/perf/; each script's last line is its headline.
 .PHONY: bench-perf bench-parity
-bench-perf: $(VENV)/.installed-dev  ## the five performance benchmarks (ARGS go to each, e.g. --repeats 6: a multiple of 3 balances the sessions' orders)
+bench-perf: $(VENV)/.installed-dev  ## the six perf benchmarks (ARGS go to the timed five, e.g. --repeats 6)
 	$(PY) -m benchmarks.overhead $(ARGS)
 	$(PY) -m benchmarks.inference $(ARGS)
 	$(PY) -m benchmarks.input $(ARGS)
 	$(PY) -m benchmarks.host_memory $(ARGS)
 	$(PY) -m benchmarks.timing_cost $(ARGS)
+	$(PY) -m benchmarks.host_calls
 
 $(VENV)/.installed-parity: pyproject.toml
 	$(call install,$(VENV),$(PARITY_EXTRAS),torch_first)
