@@ -1,3 +1,4 @@
 """The template's benchmarks, run from the repository root: template vs plain PyTorch
-(``python -m benchmarks.overhead``, ``.inference``, ``.input``; ``make bench-perf`` runs all three) and
-the check of every CUDA path on a GPU (``python -m benchmarks.gpu_check``, ``make gpu-check``)."""
+(``python -m benchmarks.overhead``, ``.inference``, ``.input``, ``.host_memory``, ``.timing_cost``, ``.host_calls``;
+``make bench-perf`` runs all six), learning parity (``.parity``, ``make bench-parity``) and, on a GPU, the check
+of every CUDA path (``python -m benchmarks.gpu_check``, ``make gpu-check``) and the default job (``.gpu_job``)."""

@@ -53,7 +53,7 @@ PROJECT = str(Path(__file__).resolve().parents[1] / "project") + "/"
 MODULE_CALLS = {nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__}
 # Where Lightning's loops run: a frame of the template's above them (its entry point) owns nothing.
 LOOPS = "/lightning/pytorch/loops/"
-SHOWN = 12  # origins listed in the second table
+SHOWN = 12  # origins listed in the second table: those whose calls differ most between the two sides
 
 
 def origin(frame: FrameType | None) -> str:
@@ -82,12 +82,15 @@ class CallCounter:
         self._open: Counter[str] | None = None
 
     def step_started(self) -> None:
+        """A step starts: count into a new step window."""
         self._switch("step")
 
     def step_ended(self) -> None:
+        """A step ended: count into a new window between steps."""
         self._switch("between")
 
     def stop(self) -> None:
+        """Stop counting; the window open since the last step ended is not between two steps: dropped."""
         sys.setprofile(None)
         if self._open is not None and self.windows["between"] and self.windows["between"][-1] is self._open:
             self.windows["between"].pop()
@@ -159,11 +162,11 @@ def counted(side: str, stage: str, setup: Setup, folder: Path) -> dict[str, dict
         elif side == "lightning":
             lightning_infer(setup, setup.batch_size, stage == "predict", folder, (CountedSteps(str(path)),))
         else:
-            from project.__main__ import main
+            from project.__main__ import main as template_main
 
             # by its importable name: run as ``python -m``, this module is ``__main__``
             counting = ["--trainer.callbacks+=benchmarks.host_calls.CountedSteps", f"--trainer.callbacks.path={path}"]
-            main([*template_arguments(stage, setup, folder), *counting])
+            template_main([*template_arguments(stage, setup, folder), *counting])
     finally:
         counter.stop()  # sys.setprofile is the thread's: this also stops a Lightning run's counter left on midway
     return counter.per_batch() if side == "plain" else json.loads(path.read_text())
@@ -200,8 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     for stage in STAGES:
         for window in WINDOWS:
             light, tmpl = (calls[stage][side][window] for side in ("lightning", "template"))
-            origins = sorted(set(light) | set(tmpl), key=lambda o: -abs(tmpl.get(o, 0) - light.get(o, 0)))
-            for name in origins[:SHOWN]:
+            differ = [o for o in set(light) | set(tmpl) if tmpl.get(o, 0) != light.get(o, 0)]
+            for name in sorted(differ, key=lambda o: (-abs(tmpl.get(o, 0) - light.get(o, 0)), o))[:SHOWN]:
                 by_lightning, by_template = light.get(name, 0), tmpl.get(name, 0)
                 difference = f"{by_template - by_lightning:+.1f}"
                 extra_rows.append([stage, window, name, number(by_lightning, 1), number(by_template, 1), difference])
@@ -219,7 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     notes = (
         f"{where}; {SETUP.label}, batch {SETUP.batch_size}, {SETUP.test_batches} batches a run, means over those "
         f"after the first {WARMUP_BATCHES}; one run per side in one process; the Lightning sides' counts hold "
-        f"Lightning's dispatch of the counting callback's hooks; "
+        f"Lightning's dispatch of the counting callback's hooks; the second table: the {SHOWN} origins whose calls "
+        f"differ most between Lightning's loop and the template; "
         f"{time.perf_counter() - started:.0f} s"
     )
     report = {"machine": where, "setup": SETUP.__dict__, "calls": calls}

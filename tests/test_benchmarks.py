@@ -429,8 +429,9 @@ def test_the_call_counter_counts_a_steps_calls_and_puts_a_modules_to_the_network
     busy = _steps(host_calls.CallCounter(), step_calls)
     network = _steps(host_calls.CallCounter(), lambda step: net(x))
     # each step: the counter's own calls at its ends, the step's function, and what that calls; the mean is
-    # over the steps after the warm-up (3 and 4 of 0-4)
-    assert busy["step"][host_calls.REST] - idle["step"][host_calls.REST] == (3 + 4) / 2
+    # over the steps after the warm-up
+    after_warmup = range(host_calls.WARMUP_BATCHES, 5)
+    assert busy["step"][host_calls.REST] - idle["step"][host_calls.REST] == sum(after_warmup) / len(after_warmup)
     assert busy["between"] == idle["between"]
     assert network["step"][host_calls.REST] == idle["step"][host_calls.REST]  # all else is under the module call
     assert network["step"][host_calls.NETWORK] > 3  # the modules' calls, their forward and torch's functions
