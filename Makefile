@@ -64,8 +64,9 @@ fit: $(VENV)/.installed  ## train the default job (configs/default.yaml)
 test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included
 	$(PY) -m pytest $(ARGS)
 
-# Template vs plain PyTorch, both with default options: training overhead, inference, input paths; and what
-# host memory reuse gives a CPU run (about 20 minutes on 2 CPU cores). Results in benchmarks/results/perf/; each script's last line is its headline.
+# Template vs plain PyTorch, both with default options: training overhead, inference, input paths; what
+# host memory reuse gives a CPU run, what the timing callback costs, the Python calls per inference batch.
+# Results in benchmarks/results/perf/; each script's last line is its headline.
 .PHONY: bench-perf bench-parity
 bench-perf: $(VENV)/.installed-dev  ## the six perf benchmarks (ARGS go to the timed five, e.g. --repeats 6)
 	$(PY) -m benchmarks.overhead $(ARGS)

@@ -193,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
             result = {"name": name, "command": shlex.join(cmd), "code": code, "wall_seconds": wall}
             result["git_commit"] = environment.get("git_commit")  # runs kept from an earlier call keep their own
             if code == 0:
-                result["figures"] = figures(newest_timing(folder), newest_json(folder, "step_profile.json"))
+                profile = newest_json(folder, "step_profile.json")
+                result.update(figures=figures(newest_timing(folder), profile), error_lines=[])
             else:
-                result["figures"] = {}
-            result["error_lines"] = last_lines(output) if code != 0 else []
+                result.update(figures={}, error_lines=last_lines(output))
             results.append(result)
             f = result["figures"]
             print(

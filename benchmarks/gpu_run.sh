@@ -17,8 +17,8 @@
 #   bench-mobilenet_v2, bench-resnet50   the same matrix for one network only (half of it, to fit one call);
 #            the two halves' cells, brought back from two calls, make the whole table with `project compare`
 # On one H100: check about 2 minutes, job about 7 (five of its six runs took 6.6); bench about 15, estimated
-# from its MobileNetV2 cells (95-147 s each; no ResNet50 cell has run); profile, timing, overhead and inference not run yet (estimated
-# 2-10 minutes each).
+# from its MobileNetV2 cells (95-147 s each; no ResNet50 cell has run); profile, timing, overhead and
+# inference not run yet (estimated 2-10 minutes each).
 # A stage is not started after DEADLINE_S seconds (default 540), and each is stopped at it, so the whole
 # command ends inside a 10-minute limit; the runs' folders are kept in OUT/runs/, and every report is
 # printed last. Exit status 0 when every stage ran to its end with status 0.
@@ -48,7 +48,8 @@ stage_command() {
     bench-mobilenet_v2 | bench-resnet50)  # gpu1.yaml with its archs line naming one network (checked: not all)
       local arch=${1#bench-} half="$out/gpu1-${1#bench-}.yaml"
       echo "$(q sed "s/^archs: .*/archs: [$arch]/" configs/bench/gpu1.yaml) > $(q "$half") &&" \
-        "$(q grep -q "^archs: \[$arch\]\$" "$half") && $(q python3 -m project bench --config "$half" --out "$runs/bench")" ;;
+        "$(q grep -q "^archs: \[$arch\]\$" "$half") &&" \
+        "$(q python3 -m project bench --config "$half" --out "$runs/bench")" ;;
     *) echo "gpu_run: unknown stage $1; choose from check job profile timing overhead inference bench" \
       "bench-mobilenet_v2 bench-resnet50" >&2; return 1 ;;
   esac

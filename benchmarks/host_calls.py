@@ -41,7 +41,8 @@ from torch import nn
 from benchmarks._common import RESULTS, SIDES, Setup, machine, parse, publish, template_arguments
 from benchmarks.inference import MOBILENET, WARMUP_BATCHES
 from benchmarks.lightning_loop import lightning_infer
-from benchmarks.plain import plain_infer, reuse_freed_host_memory
+from benchmarks.paired import settle_process
+from benchmarks.plain import plain_infer
 from project.toolkit.measure.tables import number
 
 SETUP = replace(MOBILENET, test_batches=12)  # a batch's calls hardly vary after the warm-up
@@ -111,7 +112,7 @@ class CallCounter:
         means = {}
         for window, counters in self.windows.items():
             kept = counters[WARMUP_BATCHES:]
-            origins = set().union(*kept) if kept else set()
+            origins = set().union(*kept)
             means[window] = {o: statistics.fmean(c[o] for c in kept) for o in origins}
         return means
 
@@ -125,20 +126,10 @@ class CountedSteps(Callback):
         self.path = Path(path)
         self.counter = CallCounter()
 
-    def on_test_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
+    def on_test_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         self.counter.step_started()
 
-    def on_test_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_test_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         self.counter.step_ended()
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -184,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(parser, argv)
     started, where = time.perf_counter(), machine(args.threads)
     print(f"host_calls: {where}", flush=True)
-    reuse_freed_host_memory(SETUP)  # as in a session: every side runs under the template's settings
+    settle_process(SETUP)  # as in a session: every side runs under the template's process-wide settings
     calls: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="host-calls-") as work:
         for stage in STAGES:

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib.image
@@ -418,16 +419,17 @@ def test_cpu_smoke_preset_writes_the_three_result_files(tmp_path: Path) -> None:
     assert image.shape[0] > 300 and image.shape[1] > 300 and image.std() > 0
 
 
-# A bench-like process: one session (a process that writes its pid, then sleeps) waited on as a cell's fit is.
+# A cell's stand-in: a process that writes its pid to the file it is given, then sleeps.
+SLEEPER = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+# A bench-like process: one such session waited on as a cell's fit is.
 SESSION_RUNNER = textwrap.dedent(
-    """
+    f"""
     import signal
     import sys
     from project.toolkit.bench.matrix import ending_sessions_on_sigterm, run_in_own_session
 
     pid_file, guarded = sys.argv[1], sys.argv[2] == "guarded"
-    code = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
-    session = [sys.executable, "-c", code, pid_file]
+    session = [sys.executable, "-c", {SLEEPER!r}, pid_file]
     if guarded:
         with ending_sessions_on_sigterm():
             run_in_own_session(session, None, None, timeout_s=120)
@@ -436,6 +438,15 @@ SESSION_RUNNER = textwrap.dedent(
         run_in_own_session(session, None, None, timeout_s=120)
     """
 )
+
+
+def started(pid_file: Path, waiter_alive: Callable[[], bool]) -> int:
+    """The pid the session wrote to ``pid_file``, once it has, while ``waiter_alive()`` (at most 60 s)."""
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text()):
+        assert waiter_alive() and time.monotonic() < deadline, "the session did not start"
+        time.sleep(0.05)
+    return int(pid_file.read_text())
 
 
 def ended(pid: int, within_s: float = 10.0) -> bool:
@@ -463,11 +474,7 @@ def test_sigterm_ends_the_sessions_the_process_waits_on(tmp_path: Path, guarded:
     runner = subprocess.Popen([sys.executable, "-c", SESSION_RUNNER, str(pid_file), which], cwd=repo)
     session = None
     try:
-        deadline = time.monotonic() + 60
-        while not (pid_file.is_file() and pid_file.read_text()):
-            assert runner.poll() is None and time.monotonic() < deadline, "the session did not start"
-            time.sleep(0.05)
-        session = int(pid_file.read_text())
+        session = started(pid_file, lambda: runner.poll() is None)
         runner.send_signal(signal.SIGTERM)
         assert runner.wait(timeout=30) == (143 if guarded else -signal.SIGTERM)
         assert ended(session, within_s=10 if guarded else 1) is guarded
@@ -489,24 +496,21 @@ def test_ending_all_sessions_reaches_those_waited_on_in_other_threads(
 
     monkeypatch.setattr(matrix, "_ENDING", threading.Event())  # this process goes on after the test
     pid_file = tmp_path / "session.pid"
-    code = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
     outcome: dict[str, object] = {}
 
     def worker() -> None:
         try:
-            outcome["status"] = matrix.run_in_own_session([sys.executable, "-c", code, str(pid_file)], None, None, 120)
+            session = [sys.executable, "-c", SLEEPER, str(pid_file)]
+            outcome["status"] = matrix.run_in_own_session(session, None, None, 120)
         except SystemExit as stop:
             outcome["exit"] = stop.code
 
     thread = threading.Thread(target=worker)
     thread.start()
-    deadline = time.monotonic() + 60
-    while not (pid_file.is_file() and pid_file.read_text()):
-        assert thread.is_alive() and time.monotonic() < deadline, "the session did not start"
-        time.sleep(0.05)
+    session = started(pid_file, thread.is_alive)
     matrix.end_all_sessions()
     thread.join(timeout=30)
     assert not thread.is_alive() and outcome == {"exit": matrix.SIGTERM_STATUS}
-    assert ended(int(pid_file.read_text()))
+    assert ended(session)
     with pytest.raises(SystemExit):  # nothing starts any more
         matrix.run_in_own_session([sys.executable, "-c", "pass"], None, None, 60)

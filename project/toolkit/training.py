@@ -51,9 +51,8 @@ class SampleMean(MeanMetric):
         # through nn.Module's __setattr__ inside a grad-mode context: some 35 Python calls an update, two
         # updates a test step, half of the template's own calls in one (benchmarks/host_calls.py). The same
         # bookkeeping written into the instance's dict costs only this wrapper's call; the grad mode does not
-        # matter to an update
-        # that detaches its input, and this metric has no list states for compute_on_cpu to move. (A pickled or
-        # cloned metric wraps its update again, with its own dict: torchmetrics' __setstate__.)
+        # matter to an update that detaches its input, and this metric has no list states for compute_on_cpu to
+        # move. (A pickled or cloned metric wraps its update again, with its own dict: torchmetrics' __setstate__.)
         state = vars(self)
 
         @functools.wraps(update)
