@@ -51,6 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "perf"
 SUBPROCESS_TIMEOUT_S = 600
 SEED = 42  # the template's seed_everything default
+Table = tuple[list[str], list[list[str]]]  # a table to publish: its header and its rows
 DEFAULT_DATA = "project.data.CIFAR10DataModule"  # the template's default data set, here synthetic
 
 
@@ -358,7 +359,7 @@ def publish_comparison(
     rows: list[list[str]],
     started: float,
     goal: float,
-    extra: tuple[list[str], list[list[str]]] | None = None,
+    extra: Table | None = None,
 ) -> None:
     """Publish a template/plain comparison begun at ``started`` (``time.perf_counter``) with, as the
     headline, its worst case's ratio against ``goal`` -- of the cases held to it (``"goal"``, default
@@ -381,7 +382,7 @@ def publish_comparison(
     notes = f"{where}; {sessions}; {seconds:.0f} s"
     report = {"machine": where, "seconds": seconds}
     report.update(clock=args.clock, threads=args.threads, repeats=args.repeats, cases=cases)
-    publish(args, name, report, header, rows, notes, headline, extra)
+    publish(args, name, report, header, rows, notes, headline, (extra,) if extra else ())
 
 
 def publish(
@@ -392,12 +393,12 @@ def publish(
     rows: list[list[str]],
     notes: str,
     headline: str,
-    extra: tuple[list[str], list[list[str]]] | None = None,
+    extras: tuple[Table, ...] = (),
 ) -> None:
     """Write ``<name>.json`` (``report``, the command that made it and the headline) and ``<name>.md`` under
-    ``args.out``, and print the table (and the ``extra`` one), the notes with the command and, as the last
+    ``args.out``, and print the table (and the ``extras``), the notes with the command and, as the last
     line, the headline."""
-    tables = [(header, rows), *([extra] if extra else [])]
+    tables = [(header, rows), *extras]
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     notes = f"{notes}; command: {args.command}"

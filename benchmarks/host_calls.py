@@ -7,12 +7,15 @@ between two steps, and where the template's come from.
 (``sys.setprofile``: Python functions and built-ins alike) in the two windows ``inference.md`` times: in the
 step (from the batch's ``on_*_batch_start`` to its ``on_*_batch_end``, where the stamps are taken) and
 between two steps. Each call is put down to where it comes from (:func:`origin`, the innermost frame that
-says): the template's code (a frame under ``project/``, by function), the network (an ``nn.Module`` call:
-the template's LightningModule's, so the network's forward and the module's own around it), or the rest
-(Lightning's loop, torch's Python functions, the plain loop's own lines). The figures are means per batch over
-the batches after the first 3 (the warm-up every side leaves out). The plain loop tells its counter directly
-where a step starts and ends; the Lightning sides' counts also hold Lightning's dispatch of the counting
-callback's two hooks, a fixed handful of calls a batch, the same on both.
+says): this repository's code (a frame under ``project/`` -- the template's -- or ``benchmarks/`` -- the plain
+loop, the lightning side's steps, the counting callback --, by function), the network (an ``nn.Module`` call: the
+template's LightningModule's, so the network's forward and the module's own around it), Lightning's own work,
+named by the function its loop called (``Lightning: logger_connector.on_batch_end``: that call and all under
+it), or the rest (torch's functions called from none of these). The figures are means per batch over the
+batches after the first 3 (the warm-up every side leaves out), with the garbage collector's collections per
+batch (``gc.callbacks``) beside them: a side whose objects made the collector run would pay for it there. The
+plain loop tells its counter directly where a step starts and ends; the Lightning sides' counts also hold
+Lightning's dispatch of the counting callback's two hooks, a fixed handful of calls a batch, the same on both.
 
 Why count: a MobileNetV2 test batch of the template's takes a few tenths of a millisecond longer than the
 plain loop's on this CPU (``inference.md``, a few percent), and a ``perf`` profile (``docs/performance.md``)
@@ -24,6 +27,7 @@ change that adds work per batch shows here as calls.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -48,39 +52,53 @@ from project.toolkit.measure.tables import number
 SETUP = replace(MOBILENET, test_batches=12)  # a batch's calls hardly vary after the warm-up
 STAGES = ("test", "predict")
 WINDOWS = ("step", "between")
-NETWORK, REST = "the network", "Lightning, torch and the loop"
-PROJECT = str(Path(__file__).resolve().parents[1] / "project") + "/"
+NETWORK, REST = "the network", "torch and the rest"
+LIGHTNING = "Lightning: "  # the origins in Lightning's loop: the function it called, or "the loop" itself
+REPOSITORY = str(Path(__file__).resolve().parents[1]) + "/"
+# Code of this repository's, named by file and function: the template's, and the benchmarks' own (the plain loop,
+# the lightning side's steps, the counting callback).
+OWN_CODE = tuple(f"{REPOSITORY}{folder}/" for folder in ("project", "benchmarks"))
 # An nn.Module call's frames: everything under them is the network's.
 MODULE_CALLS = {nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__}
 # Where Lightning's loops run: a frame of the template's above them (its entry point) owns nothing.
 LOOPS = "/lightning/pytorch/loops/"
 SHOWN = 12  # origins listed in the second table: those whose calls differ most between the two sides
+COLLECTIONS = "garbage collections"  # per_batch's key of a window's collections, which are not calls
+LIGHTNING_SHOWN = 8  # origins listed in the third table per window: the biggest of Lightning's own
 
 
 def origin(frame: FrameType | None) -> str:
     """Where the call made in ``frame`` comes from, by the innermost frame up to Lightning's loop that says: a
-    frame of the template's code (``project/...py:function``) or an ``nn.Module`` call (:data:`NETWORK`);
-    :data:`REST` where none does."""
+    frame of the template's or the benchmarks' code (``project/...py:function``, ``benchmarks/...``) or an
+    ``nn.Module`` call (:data:`NETWORK`); else,
+    under Lightning's loop, the function the loop called (``Lightning: <module>.<function>``, or ``Lightning:
+    the loop`` for the calls the loop makes itself); :data:`REST` where no frame says."""
+    called = None  # the frame the one in hand called, on the way up
     while frame is not None:
         code = frame.f_code
         if code in MODULE_CALLS:
             return NETWORK
-        if code.co_filename.startswith(PROJECT):
-            return f"{code.co_filename[len(PROJECT) - len('project/') :]}:{code.co_name}"
+        if code.co_filename.startswith(OWN_CODE):
+            return f"{code.co_filename[len(REPOSITORY) :]}:{code.co_name}"
         if LOOPS in code.co_filename:
-            return REST
-        frame = frame.f_back
+            if called is None:
+                return f"{LIGHTNING}the loop"
+            return f"{LIGHTNING}{Path(called.f_code.co_filename).stem}.{called.f_code.co_name}"
+        called, frame = frame, frame.f_back
     return REST
 
 
 class CallCounter:
     """Counts the Python calls of this thread by :func:`origin`, one counter per window: a step (from
     :meth:`step_started` to :meth:`step_ended`) or the time between two steps (from one's end to the next one's
-    start; the one after the last step is dropped by :meth:`stop`)."""
+    start; the one after the last step is dropped by :meth:`stop`); and the garbage collector's collections in
+    each window, under the key :data:`COLLECTIONS`."""
 
     def __init__(self) -> None:
         self.windows: dict[str, list[Counter[str]]] = {window: [] for window in WINDOWS}
         self._open: Counter[str] | None = None
+        self.collections: dict[str, list[int]] = {window: [] for window in WINDOWS}  # each window's, in order
+        self._window = ""  # the kind of window open
 
     def step_started(self) -> None:
         """A step starts: count into a new step window."""
@@ -93,27 +111,39 @@ class CallCounter:
     def stop(self) -> None:
         """Stop counting; the window open since the last step ended is not between two steps: dropped."""
         sys.setprofile(None)
+        if self._collected in gc.callbacks:
+            gc.callbacks.remove(self._collected)
         if self._open is not None and self.windows["between"] and self.windows["between"][-1] is self._open:
             self.windows["between"].pop()
+            self.collections["between"].pop()
         self._open = None
 
     def _switch(self, window: str) -> None:
         sys.setprofile(None)
-        self._open = Counter()
+        self._open, self._window = Counter(), window
         self.windows[window].append(self._open)
+        self.collections[window].append(0)
+        if self._collected not in gc.callbacks:
+            gc.callbacks.append(self._collected)
         sys.setprofile(self._count)
 
     def _count(self, frame: FrameType, event: str, arg: Any) -> None:
         if event in ("call", "c_call") and self._open is not None:
             self._open[origin(frame)] += 1
 
+    def _collected(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and self._open is not None:
+            self.collections[self._window][-1] += 1
+
     def per_batch(self) -> dict[str, dict[str, float]]:
-        """Each window's mean calls per batch by origin, over the batches after the warm-up."""
+        """Each window's mean calls per batch by origin, and its mean garbage collections per batch under
+        :data:`COLLECTIONS`, over the batches after the warm-up."""
         means = {}
         for window, counters in self.windows.items():
             kept = counters[WARMUP_BATCHES:]
             origins = set().union(*kept)
             means[window] = {o: statistics.fmean(c[o] for c in kept) for o in origins}
+            means[window][COLLECTIONS] = statistics.fmean(self.collections[window][WARMUP_BATCHES:])
         return means
 
 
@@ -164,8 +194,14 @@ def counted(side: str, stage: str, setup: Setup, folder: Path) -> dict[str, dict
 
 
 def total(calls: dict[str, float], only: str | None = None) -> float:
-    """The calls of one window (origin: calls per batch), or those of the origin ``only``."""
-    return sum(n for o, n in calls.items() if only is None or o == only)
+    """The calls of one window (origin: calls per batch, and its :data:`COLLECTIONS`, which are not calls), or
+    those of the origin ``only``."""
+    return sum(n for o, n in calls.items() if o != COLLECTIONS and (only is None or o == only))
+
+
+def origins(calls: dict[str, float]) -> set[str]:
+    """The origins of one window's calls."""
+    return set(calls) - {COLLECTIONS}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -187,18 +223,29 @@ def main(argv: list[str] | None = None) -> None:
             extra = total(step) + total(between) - total(calls[stage]["plain"]["step"])
             extra -= total(calls[stage]["plain"]["between"])
             figures = [total(step), total(step, NETWORK), total(between), total(step) + total(between), extra]
-            rows.append([stage, side, *(number(f, 0) for f in figures)])
+            collections = step[COLLECTIONS] + between[COLLECTIONS]
+            rows.append([stage, side, *(number(f, 0) for f in figures), number(collections, 2)])
     header = ["stage", "side", "in the step", "of them the network's", "between steps", "a batch", "over plain"]
+    header += ["garbage collections a batch"]
     extra_header = ["stage", "window", "origin", "lightning", "template", "template over lightning"]
     extra_rows = []
     for stage in STAGES:
         for window in WINDOWS:
             light, tmpl = (calls[stage][side][window] for side in ("lightning", "template"))
-            differ = [o for o in set(light) | set(tmpl) if tmpl.get(o, 0) != light.get(o, 0)]
+            differ = [o for o in origins(light) | origins(tmpl) if tmpl.get(o, 0) != light.get(o, 0)]
             for name in sorted(differ, key=lambda o: (-abs(tmpl.get(o, 0) - light.get(o, 0)), o))[:SHOWN]:
                 by_lightning, by_template = light.get(name, 0), tmpl.get(name, 0)
                 difference = f"{by_template - by_lightning:+.1f}"
                 extra_rows.append([stage, window, name, number(by_lightning, 1), number(by_template, 1), difference])
+    # Where Lightning's loop alone makes its calls: what no option of the template's removes.
+    own_header = ["stage", "window", "origin", "lightning's calls"]
+    own_rows = []
+    for stage in STAGES:
+        for window in WINDOWS:
+            light = calls[stage]["lightning"][window]
+            own = [o for o in origins(light) if o.startswith(LIGHTNING)]
+            biggest = sorted(own, key=lambda o: (-light[o], o))[:LIGHTNING_SHOWN]
+            own_rows += [[stage, window, name, number(light[name], 1)] for name in biggest]
     test = calls["test"]
     plain = sum(total(test["plain"][w]) for w in WINDOWS)
     light_step, light_between, own_step, own_between = (
@@ -214,11 +261,13 @@ def main(argv: list[str] | None = None) -> None:
         f"{where}; {SETUP.label}, batch {SETUP.batch_size}, {SETUP.test_batches} batches a run, means over those "
         f"after the first {WARMUP_BATCHES}; one run per side in one process; the Lightning sides' counts hold "
         f"Lightning's dispatch of the counting callback's hooks; the second table: the {SHOWN} origins whose calls "
-        f"differ most between Lightning's loop and the template; "
+        f"differ most between Lightning's loop and the template; the third: the {LIGHTNING_SHOWN} biggest of "
+        f"Lightning's own origins on the lightning side in each window; "
         f"{time.perf_counter() - started:.0f} s"
     )
     report = {"machine": where, "setup": SETUP.__dict__, "calls": calls}
-    publish(args, "host_calls", report, header, rows, notes, headline, extra=(extra_header, extra_rows))
+    tables = ((extra_header, extra_rows), (own_header, own_rows))
+    publish(args, "host_calls", report, header, rows, notes, headline, extras=tables)
 
 
 if __name__ == "__main__":

@@ -437,6 +437,37 @@ def test_the_call_counter_counts_a_steps_calls_and_puts_a_modules_to_the_network
     assert network["step"][host_calls.NETWORK] > 3  # the modules' calls, their forward and torch's functions
 
 
+def test_the_call_counter_names_lightnings_calls_by_the_function_its_loop_called() -> None:
+    from benchmarks import host_calls
+
+    # Code compiled under the file names Lightning's loop and one of its connectors have in site-packages.
+    loop: dict[str, Any] = {}
+    connector: dict[str, Any] = {}
+    exec(compile("def run(work):\n    work()\n    len('x')\n", "/sp/lightning/pytorch/loops/fake.py", "exec"), loop)
+    on_batch_end = "def on_batch_end():\n    len('y')\n    len('z')\n"
+    exec(compile(on_batch_end, "/sp/lightning/pytorch/trainer/connector.py", "exec"), connector)
+    counts = _steps(host_calls.CallCounter(), lambda step: loop["run"](connector["on_batch_end"]))
+    assert counts["step"]["Lightning: connector.on_batch_end"] == 3  # its call and its two built-ins
+    assert counts["step"]["Lightning: the loop"] == 2  # run's call and the built-in it makes itself
+
+
+def test_the_call_counter_counts_garbage_collections_by_window() -> None:
+    import gc
+
+    from benchmarks import host_calls
+
+    enabled = gc.isenabled()
+    gc.disable()  # no collection but the step's own: the counts are exact
+    try:
+        counts = _steps(host_calls.CallCounter(), lambda step: gc.collect())
+    finally:
+        if enabled:
+            gc.enable()
+    assert counts["step"][host_calls.COLLECTIONS] == 1
+    assert counts["between"][host_calls.COLLECTIONS] == 0
+    assert host_calls.total({host_calls.COLLECTIONS: 1.0, host_calls.REST: 2.0}) == 2.0  # collections are not calls
+
+
 @pytest.mark.slow
 def test_host_calls_counts_every_sides_calls_per_batch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from benchmarks import _common, host_calls
@@ -451,7 +482,11 @@ def test_host_calls_counts_every_sides_calls_per_batch(monkeypatch: pytest.Monke
         # (in this torch: _wrapped_call_impl, _call_impl and its forward; its own lines count as the template's)
         assert network["plain"] == network["lightning"] > 1000
         assert 0 < network["template"] - network["plain"] <= 5
-        per_batch = {side: sum(sum(sides[side][w].values()) for w in host_calls.WINDOWS) for side in _common.SIDES}
+        per_batch = {side: sum(host_calls.total(sides[side][w]) for w in host_calls.WINDOWS) for side in _common.SIDES}
         assert per_batch["plain"] < per_batch["lightning"] < per_batch["template"]
         assert any(origin.startswith("project/model.py:") for origin in sides["template"]["step"])
+        # Lightning's own work, by what its loop called, on both Lightning sides only
+        assert sides["lightning"]["between"]["Lightning: call._call_strategy_hook"] > 0  # the batch's transfer
+        assert not any(origin.startswith(host_calls.LIGHTNING) for origin in sides["plain"]["step"])
+        assert all(sides[side][w][host_calls.COLLECTIONS] >= 0 for side in _common.SIDES for w in host_calls.WINDOWS)
     assert "Python calls in the plain loop" in (tmp_path / "host_calls.md").read_text()
