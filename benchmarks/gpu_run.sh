@@ -9,6 +9,7 @@
 # Stages, each writing its report under OUT/<stage>/ and its output to OUT/<stage>.log:
 #   check    python -m benchmarks.gpu_check: every CUDA path, 4 at a time
 #   job      python -m benchmarks.gpu_job: configs/default.yaml's job, default input and loader, fp32/bf16
+#   job-resnet50  the same for its ResNet50 runs only: bf16, fp32 and bf16 compiled (one call's worth)
 #   profile  python -m benchmarks.gpu_job --profile: 5 steps of three of its runs under the profiler
 #   timing   python -m benchmarks.timing_cost: the timing callback off / on / synchronising every step
 #   overhead python -m benchmarks.overhead: training, template vs plain PyTorch on this GPU
@@ -16,7 +17,8 @@
 #   bench    python -m project bench --config configs/bench/gpu1.yaml; its tables from the finished cells
 #   bench-mobilenet_v2, bench-resnet50   the same matrix for one network only (half of it, to fit one call);
 #            the two halves' cells, brought back from two calls, make the whole table with `project compare`
-# On one H100: check about 2 minutes, job about 7 (five of its six runs took 6.6); bench about 15, estimated
+# On one H100: check about 2 minutes, job about 7 for the five of its runs timed (6.6; ResNet50 fp32 and
+# compiled not yet: job-resnet50 runs its three ResNet50 runs in a call of their own); bench about 15, estimated
 # from its MobileNetV2 cells (95-147 s each; no ResNet50 cell has run); profile, timing, overhead and
 # inference not run yet (estimated 2-10 minutes each).
 # A stage is not started after DEADLINE_S seconds (default 540), and each is stopped at it, so the whole
@@ -24,8 +26,8 @@
 # printed last. Exit status 0 when every stage ran to its end with status 0.
 set -u
 if [ $# -lt 2 ]; then
-  echo "usage: bash benchmarks/gpu_run.sh OUT STAGE... (stages: check job profile timing overhead inference bench" \
-    "bench-mobilenet_v2 bench-resnet50)" >&2
+  echo "usage: bash benchmarks/gpu_run.sh OUT STAGE... (stages: check job job-resnet50 profile timing overhead" \
+    "inference bench bench-mobilenet_v2 bench-resnet50)" >&2
   exit 2
 fi
 out=$(realpath -m "$1")
@@ -39,6 +41,7 @@ stage_command() {
   case $1 in
     check) q python3 -m benchmarks.gpu_check --out "$out/check" --runs "$runs/check" --jobs 4 --timeout-minutes 3 ;;
     job) q python3 -m benchmarks.gpu_job --out "$out/job" --runs "$runs/job" ;;
+    job-resnet50) q python3 -m benchmarks.gpu_job --out "$out/job" --runs "$runs/job" --only 1,5,6 ;;
     timing) q python3 -m benchmarks.timing_cost --out "$out/timing" ;;
     overhead) q python3 -m benchmarks.overhead --out "$out/overhead" ;;
     inference) q python3 -m benchmarks.inference --out "$out/inference" ;;
@@ -50,8 +53,8 @@ stage_command() {
       echo "$(q sed "s/^archs: .*/archs: [$arch]/" configs/bench/gpu1.yaml) > $(q "$half") &&" \
         "$(q grep -q "^archs: \[$arch\]\$" "$half") &&" \
         "$(q python3 -m project bench --config "$half" --out "$runs/bench")" ;;
-    *) echo "gpu_run: unknown stage $1; choose from check job profile timing overhead inference bench" \
-      "bench-mobilenet_v2 bench-resnet50" >&2; return 1 ;;
+    *) echo "gpu_run: unknown stage $1; choose from check job job-resnet50 profile timing overhead inference" \
+      "bench bench-mobilenet_v2 bench-resnet50" >&2; return 1 ;;
   esac
 }
 

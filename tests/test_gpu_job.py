@@ -74,11 +74,12 @@ def test_without_a_gpu_one_line_and_nothing_run(
 def test_every_run_on_the_default_config_with_its_figures(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     commands = stand_in(monkeypatch, {})
     assert gpu_job.main(["--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs"), "--profile"]) == 0
-    assert len(commands) == len(gpu_job.runs(3)) == 6
+    assert len(commands) == len(gpu_job.runs(3)) == 7
     assert all("--config=configs/default.yaml" in c and "--data.synthetic_size=50000" in c for c in commands)
     assert sum("--data.on_device=false" in c for c in commands) == 2
-    assert sum("--trainer.precision=bf16-mixed" in c for c in commands) == 3
-    assert sum("--trainer.max_epochs=3" in c for c in commands) == 2  # ResNet50's
+    assert sum("--trainer.precision=bf16-mixed" in c for c in commands) == 4
+    assert sum("--trainer.max_epochs=3" in c for c in commands) == 3  # ResNet50's
+    assert [c for c in commands if "--model.compile=true" in c] == [commands[-1]]  # ResNet50 bf16, compiled
     first = rows(tmp_path / "out")[0]
     cells = [cell.strip() for cell in first.split("|")[1:-1]]
     # result, input, epoch 1 s, steady s/epoch, training s (all epochs), img/s, MFU %, data wait %, peak MiB
@@ -114,10 +115,12 @@ def test_the_gpu_run_script_without_a_gpu(tmp_path: Path) -> None:
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     env = {**os.environ, "PATH": path, "DEADLINE_S": "300"}
     script = ["bash", "benchmarks/gpu_run.sh", str(tmp_path / "out")]
-    done = subprocess.run([*script, "check", "job"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    stages = ["check", "job", "job-resnet50"]
+    done = subprocess.run([*script, *stages], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "gpu-check: no CUDA GPU here" in (tmp_path / "out" / "check.log").read_text()
-    assert "gpu-job: no CUDA GPU here" in (tmp_path / "out" / "job.log").read_text()
+    for stage in ("job", "job-resnet50"):  # the second's --only is valid: it would be refused before the GPU check
+        assert "gpu-job: no CUDA GPU here" in (tmp_path / "out" / f"{stage}.log").read_text()
     wrong = subprocess.run([*script, "fit"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "unknown stage fit" in wrong.stderr
     half = subprocess.run([*script, "bench-vgg16"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
