@@ -9,7 +9,8 @@
 # Stages, each writing its report under OUT/<stage>/ and its output to OUT/<stage>.log:
 #   check    python -m benchmarks.gpu_check: every CUDA path, 4 at a time
 #   job      python -m benchmarks.gpu_job: configs/default.yaml's job, default input and loader, fp32/bf16
-#   job-resnet50  the same for its ResNet50 runs only: bf16, fp32 and bf16 compiled (one call's worth)
+#   job-resnet50  the same for its ResNet50 runs only: bf16, fp32 and bf16 compiled (one call's worth); into
+#            OUT/job/ as job writes (gpu_job keeps the runs a report there already holds)
 #   profile  python -m benchmarks.gpu_job --profile: 5 steps of three of its runs under the profiler
 #   timing   python -m benchmarks.timing_cost: the timing callback off / on / synchronising every step
 #   overhead python -m benchmarks.overhead: training, template vs plain PyTorch on this GPU

@@ -60,7 +60,8 @@ REPOSITORY = str(Path(__file__).resolve().parents[1]) + "/"
 OWN_CODE = tuple(f"{REPOSITORY}{folder}/" for folder in ("project", "benchmarks"))
 # An nn.Module call's frames: everything under them is the network's.
 MODULE_CALLS = {nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__}
-# Where Lightning's loops run: a frame of the template's above them (its entry point) owns nothing.
+# Where Lightning's loops run: a frame of this repository's above them (the template's entry point, the lightning
+# side's run) owns nothing.
 LOOPS = "/lightning/pytorch/loops/"
 SHOWN = 12  # origins listed in the second table: those whose calls differ most between the two sides
 COLLECTIONS = "garbage collections"  # per_batch's key of a window's collections, which are not calls
@@ -70,9 +71,9 @@ LIGHTNING_SHOWN = 8  # origins listed in the third table per window: the biggest
 def origin(frame: FrameType | None) -> str:
     """Where the call made in ``frame`` comes from, by the innermost frame up to Lightning's loop that says: a
     frame of the template's or the benchmarks' code (``project/...py:function``, ``benchmarks/...``) or an
-    ``nn.Module`` call (:data:`NETWORK`); else,
-    under Lightning's loop, the function the loop called (``Lightning: <module>.<function>``, or ``Lightning:
-    the loop`` for the calls the loop makes itself); :data:`REST` where no frame says."""
+    ``nn.Module`` call (:data:`NETWORK`); else, under Lightning's loop, the function the loop called, by the last
+    part of its module's name (``Lightning: call._call_callback_hooks``; ``Lightning: the loop`` for the calls the
+    loop makes itself); :data:`REST` where no frame says."""
     called = None  # the frame the one in hand called, on the way up
     while frame is not None:
         code = frame.f_code
@@ -83,7 +84,8 @@ def origin(frame: FrameType | None) -> str:
         if LOOPS in code.co_filename:
             if called is None:
                 return f"{LIGHTNING}the loop"
-            return f"{LIGHTNING}{Path(called.f_code.co_filename).stem}.{called.f_code.co_name}"
+            module = called.f_globals.get("__name__", "?").rpartition(".")[2]
+            return f"{LIGHTNING}{module}.{called.f_code.co_name}"
         called, frame = frame, frame.f_back
     return REST
 
@@ -128,7 +130,8 @@ class CallCounter:
         sys.setprofile(self._count)
 
     def _count(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event in ("call", "c_call") and self._open is not None:
+        # (the collection callback below is the counter's own work: not counted)
+        if event in ("call", "c_call") and self._open is not None and frame.f_code is not COLLECTED:
             self._open[origin(frame)] += 1
 
     def _collected(self, phase: str, info: dict[str, int]) -> None:
@@ -141,10 +144,14 @@ class CallCounter:
         means = {}
         for window, counters in self.windows.items():
             kept = counters[WARMUP_BATCHES:]
-            origins = set().union(*kept)
-            means[window] = {o: statistics.fmean(c[o] for c in kept) for o in origins}
-            means[window][COLLECTIONS] = statistics.fmean(self.collections[window][WARMUP_BATCHES:])
+            seen = set().union(*kept)
+            means[window] = {o: statistics.fmean(c[o] for c in kept) for o in seen}
+            if kept:
+                means[window][COLLECTIONS] = statistics.fmean(self.collections[window][WARMUP_BATCHES:])
         return means
+
+
+COLLECTED = CallCounter._collected.__code__
 
 
 class CountedSteps(Callback):
@@ -190,6 +197,8 @@ def counted(side: str, stage: str, setup: Setup, folder: Path) -> dict[str, dict
             template_main([*template_arguments(stage, setup, folder), *counting])
     finally:
         counter.stop()  # sys.setprofile is the thread's: this also stops a Lightning run's counter left on midway
+        # and a Lightning run that raised before its end leaves its counter's collection callback registered
+        gc.callbacks[:] = [c for c in gc.callbacks if getattr(c, "__func__", None) is not CallCounter._collected]
     return counter.per_batch() if side == "plain" else json.loads(path.read_text())
 
 
@@ -220,15 +229,15 @@ def main(argv: list[str] | None = None) -> None:
     for stage in STAGES:
         for side in SIDES:
             step, between = (calls[stage][side][w] for w in WINDOWS)
-            extra = total(step) + total(between) - total(calls[stage]["plain"]["step"])
-            extra -= total(calls[stage]["plain"]["between"])
-            figures = [total(step), total(step, NETWORK), total(between), total(step) + total(between), extra]
+            over_plain = total(step) + total(between) - total(calls[stage]["plain"]["step"])
+            over_plain -= total(calls[stage]["plain"]["between"])
+            figures = [total(step), total(step, NETWORK), total(between), total(step) + total(between), over_plain]
             collections = step[COLLECTIONS] + between[COLLECTIONS]
             rows.append([stage, side, *(number(f, 0) for f in figures), number(collections, 2)])
     header = ["stage", "side", "in the step", "of them the network's", "between steps", "a batch", "over plain"]
     header += ["garbage collections a batch"]
-    extra_header = ["stage", "window", "origin", "lightning", "template", "template over lightning"]
-    extra_rows = []
+    differ_header = ["stage", "window", "origin", "lightning", "template", "template over lightning"]
+    differ_rows = []
     for stage in STAGES:
         for window in WINDOWS:
             light, tmpl = (calls[stage][side][window] for side in ("lightning", "template"))
@@ -236,26 +245,26 @@ def main(argv: list[str] | None = None) -> None:
             for name in sorted(differ, key=lambda o: (-abs(tmpl.get(o, 0) - light.get(o, 0)), o))[:SHOWN]:
                 by_lightning, by_template = light.get(name, 0), tmpl.get(name, 0)
                 difference = f"{by_template - by_lightning:+.1f}"
-                extra_rows.append([stage, window, name, number(by_lightning, 1), number(by_template, 1), difference])
+                differ_rows.append([stage, window, name, number(by_lightning, 1), number(by_template, 1), difference])
     # Where Lightning's loop alone makes its calls: what no option of the template's removes.
-    own_header = ["stage", "window", "origin", "lightning's calls"]
-    own_rows = []
+    lightning_header = ["stage", "window", "origin", "lightning's calls"]
+    lightning_rows = []
     for stage in STAGES:
         for window in WINDOWS:
             light = calls[stage]["lightning"][window]
             own = [o for o in origins(light) if o.startswith(LIGHTNING)]
             biggest = sorted(own, key=lambda o: (-light[o], o))[:LIGHTNING_SHOWN]
-            own_rows += [[stage, window, name, number(light[name], 1)] for name in biggest]
+            lightning_rows += [[stage, window, name, number(light[name], 1)] for name in biggest]
     test = calls["test"]
     plain = sum(total(test["plain"][w]) for w in WINDOWS)
-    light_step, light_between, own_step, own_between = (
+    light_step, light_between, template_step, template_between = (
         total(test[side][w]) for side in ("lightning", "template") for w in WINDOWS
     )
     headline = (
         f"host_calls: a MobileNetV2 test batch makes {plain:.0f} Python calls in the plain loop, "
         f"{light_step + light_between - plain:+.0f} in Lightning's loop alone and "
-        f"{own_step + own_between - light_step - light_between:+.0f} more in the template "
-        f"({own_step - light_step:+.0f} in the step, {own_between - light_between:+.0f} between steps)"
+        f"{template_step + template_between - light_step - light_between:+.0f} more in the template "
+        f"({template_step - light_step:+.0f} in the step, {template_between - light_between:+.0f} between steps)"
     )
     notes = (
         f"{where}; {SETUP.label}, batch {SETUP.batch_size}, {SETUP.test_batches} batches a run, means over those "
@@ -266,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{time.perf_counter() - started:.0f} s"
     )
     report = {"machine": where, "setup": SETUP.__dict__, "calls": calls}
-    tables = ((extra_header, extra_rows), (own_header, own_rows))
+    tables = ((differ_header, differ_rows), (lightning_header, lightning_rows))
     publish(args, "host_calls", report, header, rows, notes, headline, extras=tables)
 
 
