@@ -36,6 +36,12 @@ Where a throughput case's batch goes is shown beside it (``inference.md``'s seco
 time in the step (the span above) and between two steps (one batch's result to the next one's arrival:
 loading, the loop's own work, the hooks), each the median over a side's runs, on the headline clock.
 
+``--batch-sizes 32,256,...`` measures, instead of these cases, MobileNetV2's ``test`` throughput at each batch
+size (reported, not held to the goal): what a batch spends in Lightning's loop and the template's hooks is about
+the same at any size, so its share, and the ratio's distance from 1, shrinks as the batch grows; the sweep shows
+at which batch size it stops counting. Each run takes about as many images as the default case's (at least 12
+batches).
+
 ``--options`` adds ``test`` throughput with ``--model.channels_last=false``,
 ``--trainer.precision=bf16-mixed`` (the plain loop then autocasts to bfloat16 too) and
 ``--callbacks.host_memory_reuse=false`` (the plain loop then keeps glibc's defaults too). On a GPU the cases
@@ -109,21 +115,39 @@ def option_cases_of(mobilenet: Setup, host_memory: bool) -> list[Case]:
     return [(f"test {name}", "test", replace(mobilenet, **change), batch, "throughput") for name, change in options]
 
 
+def batch_size_cases(mobilenet: Setup, sizes: list[int]) -> list[Case]:
+    """``--batch-sizes``: MobileNetV2's test throughput at each of ``sizes``, each run about as many images as at
+    its default batch size (at least 12 batches)."""
+    images = mobilenet.batch_size * (mobilenet.test_batches or 1)
+    sized = [(n, replace(mobilenet, test_batches=max(12, images // n))) for n in sizes]
+    return [(f"test mobilenet_v2, batch {n}", "test", setup, n, "throughput") for n, setup in sized]
+
+
 CASES = cases_of(MOBILENET, RESNET)
 OPTION_CASES = option_cases_of(MOBILENET, host_memory=True)
 GPU_CASES = cases_of(GPU_MOBILENET, GPU_RESNET)
 GPU_OPTION_CASES = option_cases_of(GPU_MOBILENET, host_memory=False)
 
 
-def chosen_cases(options: bool) -> list[tuple[Case, bool]]:
-    """The cases of this machine (a GPU's, or a CPU's), with its ``--options`` cases; each with whether it is held
-    to the goal, which is for the default options at the default batch size: the throughput cases are, an option's
-    case and batch-1 latency are reported, not held."""
+def chosen_cases(options: bool, batch_sizes: list[int] | None = None) -> list[tuple[Case, bool]]:
+    """The cases of this machine (a GPU's, or a CPU's), with its ``--options`` cases, or its ``--batch-sizes`` ones
+    instead; each with whether it is held to the goal, which is for the default options at the default batch size:
+    the throughput cases are, an option's case, another batch size and batch-1 latency are reported, not held."""
     gpu = torch.cuda.is_available()
+    if batch_sizes:
+        return [(case, False) for case in batch_size_cases(GPU_MOBILENET if gpu else MOBILENET, batch_sizes)]
     defaults = GPU_CASES if gpu else CASES
     variations = (GPU_OPTION_CASES if gpu else OPTION_CASES) if options else []
     held = [((name, stage, setup, batch, kind), kind == "throughput") for name, stage, setup, batch, kind in defaults]
     return held + [(case, False) for case in variations]
+
+
+def batch_sizes(text: str) -> list[int]:
+    """``--batch-sizes``' value: comma-separated positive whole numbers."""
+    sizes = text.split(",")
+    if not all(size.isdigit() and int(size) > 0 for size in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated batch sizes, whole numbers above 0 (32,256)")
+    return [int(size) for size in sizes]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,8 +157,14 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also measure channels_last=false, bf16-mixed and (CPU) host_memory_reuse=false; not held to the goal",
     )
+    parser.add_argument(
+        "--batch-sizes",
+        type=batch_sizes,
+        help="comma-separated batch sizes: MobileNetV2's test throughput at each, instead of the other cases; "
+        "not held to the goal",
+    )
     args = parse(parser, argv)
-    cases = chosen_cases(args.options)
+    cases = chosen_cases(args.options, args.batch_sizes)
     started = time.perf_counter()
     print(f"inference: {machine(args.threads)}", flush=True)
     rows, report = [], []

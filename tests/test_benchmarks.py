@@ -331,6 +331,39 @@ def test_the_headline_is_the_median_over_rounds_of_three_sessions_of_each_rounds
     assert "ratio 0.947" in headline and "0.800 to 0.990" in headline and headline.endswith("MISSED")
 
 
+def test_batch_sizes_measure_mobilenets_test_at_each_size_none_held_to_the_goal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from benchmarks import _common, inference
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU's MobileNetV2 setup
+    sizes = []
+
+    def made_up_session(stage: str, setup: _common.Setup, *args: Any, rotation: int, **kwargs: Any) -> dict:
+        sizes.append((stage, args[2], setup.test_batches))  # (folder, threads, batch_size)
+        step = 1.0 if args[2] == 512 else 1 / 0.9  # the template at 0.9 of the plain loop's speed at batch 32
+        template = {"eval_batches": [[i * step, (i + 0.5) * step, 4] for i in range(8)]}
+        plain = {"eval_batches": [[i, i + 0.5, 4] for i in range(8)]}
+        as_run = [{"clock": {**clock, "cpu": clock}} for clock in (plain, template)]
+        return {"plain": [as_run[0]] * 2, "lightning": [as_run[0]] * 2, "template": [as_run[1]] * 2}
+
+    monkeypatch.setattr(_common, "session", made_up_session)
+    inference.main(["--batch-sizes", "32,512", "--repeats", "3", "--out", str(tmp_path), "--clock", "cpu"])
+    # about as many images a run as the default case's 24 batches of 128, at least 12 batches
+    assert sizes == [("test", 32, 96)] * 3 + [("test", 512, 12)] * 3
+    cases = json.loads((tmp_path / "inference.json").read_text())["cases"]
+    assert [(c["case"], c["batch_size"], c["goal"]) for c in cases] == [
+        ("test mobilenet_v2, batch 32", 32, False),
+        ("test mobilenet_v2, batch 512", 512, False),
+    ]
+    headline = (tmp_path / "inference.md").read_text().splitlines()[-1]
+    each = "test mobilenet_v2, batch 32 0.900, test mobilenet_v2, batch 512 1.000"
+    assert headline.endswith(f"none held to the goal: {each}")
+    with pytest.raises(SystemExit) as refused:
+        inference.main(["--batch-sizes", "32,0"])
+    assert refused.value.code == 2 and "'32,0': comma-separated batch sizes" in capsys.readouterr().err
+
+
 class SlowValidation(LightningModule):
     """Training steps of no time to speak of, validation steps of 0.5 s, 8 images a batch."""
 
