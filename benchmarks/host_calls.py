@@ -151,7 +151,7 @@ class CallCounter:
         return means
 
 
-COLLECTED = CallCounter._collected.__code__
+COLLECTED = CallCounter._collected.__code__  # the collection callback's code: the counter's own, not counted
 
 
 class CountedSteps(Callback):

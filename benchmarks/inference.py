@@ -36,11 +36,11 @@ Where a throughput case's batch goes is shown beside it (``inference.md``'s seco
 time in the step (the span above) and between two steps (one batch's result to the next one's arrival:
 loading, the loop's own work, the hooks), each the median over a side's runs, on the headline clock.
 
-``--batch-sizes 32,256,...`` measures, instead of these cases, MobileNetV2's ``test`` throughput at each batch
-size (reported, not held to the goal): what a batch spends in Lightning's loop and the template's hooks is about
-the same at any size, so its share, and the ratio's distance from 1, shrinks as the batch grows; the sweep shows
-at which batch size it stops counting. Each run takes about as many images as the default case's (at least 12
-batches).
+``--batch-sizes 32,256,...`` measures, instead of these cases and ``--options``' ones, MobileNetV2's ``test``
+throughput at each batch size (reported, not held to the goal): what a batch spends in Lightning's loop and the
+template's hooks is about the same at any size, so its share shrinks as the batch grows, while a cost that grows
+with the batch does not; the sweep tells the two apart. Each run takes about as many images as the default
+case's (at least 12 batches).
 
 ``--options`` adds ``test`` throughput with ``--model.channels_last=false``,
 ``--trainer.precision=bf16-mixed`` (the plain loop then autocasts to bfloat16 too) and
@@ -160,8 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--batch-sizes",
         type=batch_sizes,
-        help="comma-separated batch sizes: MobileNetV2's test throughput at each, instead of the other cases; "
-        "not held to the goal",
+        help="comma-separated batch sizes: MobileNetV2's test throughput at each, instead of the other cases "
+        "(--options' too); not held to the goal",
     )
     args = parse(parser, argv)
     cases = chosen_cases(args.options, args.batch_sizes)

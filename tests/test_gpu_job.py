@@ -119,7 +119,8 @@ def test_the_gpu_run_script_without_a_gpu(tmp_path: Path) -> None:
     done = subprocess.run([*script, *stages], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "gpu-check: no CUDA GPU here" in (tmp_path / "out" / "check.log").read_text()
-    for stage in ("job", "job-resnet50"):  # the second's --only is valid: it would be refused before the GPU check
+    # job-resnet50's --only names runs that exist: one that did not would be refused before the GPU check's line
+    for stage in ("job", "job-resnet50"):
         assert "gpu-job: no CUDA GPU here" in (tmp_path / "out" / f"{stage}.log").read_text()
     wrong = subprocess.run([*script, "fit"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "unknown stage fit" in wrong.stderr
