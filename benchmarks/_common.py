@@ -375,7 +375,7 @@ def publish_comparison(
             f"over whole rounds; the sessions gave {min(ratios):.3f} to {max(ratios):.3f}); goal >= {goal}: {status}"
         )
     else:
-        each = ", ".join(f"{case['case']} {case['ratio']:.3f}" for case in cases)
+        each = "; ".join(f"{case['case']}: {case['ratio']:.3f}" for case in cases)
         headline = f"{name}: template/plain {what} ratios on the {args.clock} clock, none held to the goal: {each}"
     seconds = time.perf_counter() - started
     where = machine(args.threads)

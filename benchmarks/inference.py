@@ -36,7 +36,7 @@ Where a throughput case's batch goes is shown beside it (``inference.md``'s seco
 time in the step (the span above) and between two steps (one batch's result to the next one's arrival:
 loading, the loop's own work, the hooks), each the median over a side's runs, on the headline clock.
 
-``--batch-sizes 32,256,...`` measures, instead of these cases and ``--options``' ones, MobileNetV2's ``test``
+``--batch-sizes 32,256,...`` measures, instead of these cases (and not with ``--options``), MobileNetV2's ``test``
 throughput at each batch size (reported, not held to the goal): what a batch spends in Lightning's loop and the
 template's hooks is about the same at any size, so its share shrinks as the batch grows, while a cost that grows
 with the batch does not; the sweep tells the two apart. Each run takes about as many images as the default
@@ -48,7 +48,7 @@ case's (at least 12 batches).
 are the job's settings (``GPU_CASES``, and ``GPU_OPTION_CASES`` for ``--options``). An option's case is
 reported, not held to the goal, which is for the default options (each option is compared with the plain loop
 using the same option). The last line printed is the headline: the smallest ratio (template speed over plain
-speed) of the cases held to the goal.
+speed) of the cases held to the goal; with ``--batch-sizes``, which holds none, each case's ratio.
 """
 
 from __future__ import annotations
@@ -143,25 +143,27 @@ def chosen_cases(options: bool, batch_sizes: list[int] | None = None) -> list[tu
 
 
 def batch_sizes(text: str) -> list[int]:
-    """``--batch-sizes``' value: comma-separated positive whole numbers."""
-    sizes = text.split(",")
-    if not all(size.isdigit() and int(size) > 0 for size in sizes):
-        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated batch sizes, whole numbers above 0 (32,256)")
-    return [int(size) for size in sizes]
+    """``--batch-sizes``' value: comma-separated whole numbers above 0, each once."""
+    sizes = [size.strip() for size in text.split(",")]
+    numbers = [int(size) for size in sizes if size.isascii() and size.isdigit()]
+    if len(numbers) < len(sizes) or 0 in numbers or len(set(numbers)) < len(numbers):
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated batch sizes, whole numbers above 0, each once")
+    return numbers
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = common_arguments("benchmarks.inference", __doc__.splitlines()[0], default_repeats=3)
-    parser.add_argument(
+    cases = parser.add_mutually_exclusive_group()  # the sweep replaces the options' cases with its own
+    cases.add_argument(
         "--options",
         action="store_true",
         help="also measure channels_last=false, bf16-mixed and (CPU) host_memory_reuse=false; not held to the goal",
     )
-    parser.add_argument(
+    cases.add_argument(
         "--batch-sizes",
         type=batch_sizes,
-        help="comma-separated batch sizes: MobileNetV2's test throughput at each, instead of the other cases "
-        "(--options' too); not held to the goal",
+        help="comma-separated batch sizes: MobileNetV2's test throughput at each, instead of the other cases; "
+        "not held to the goal",
     )
     args = parse(parser, argv)
     cases = chosen_cases(args.options, args.batch_sizes)

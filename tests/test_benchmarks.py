@@ -340,7 +340,7 @@ def test_batch_sizes_measure_mobilenets_test_at_each_size_none_held_to_the_goal(
     sizes = []
 
     def made_up_session(stage: str, setup: _common.Setup, *args: Any, rotation: int, **kwargs: Any) -> dict:
-        sizes.append((stage, args[2], setup.test_batches))  # (folder, threads, batch_size)
+        sizes.append((stage, args[2], setup.test_batches))  # args: folder, threads, batch_size
         step = 1.0 if args[2] == 512 else 1 / 0.9  # the template at 0.9 of the plain loop's speed at batch 32
         template = {"eval_batches": [[i * step, (i + 0.5) * step, 4] for i in range(8)]}
         plain = {"eval_batches": [[i, i + 0.5, 4] for i in range(8)]}
@@ -357,11 +357,16 @@ def test_batch_sizes_measure_mobilenets_test_at_each_size_none_held_to_the_goal(
         ("test mobilenet_v2, batch 512", 512, False),
     ]
     headline = (tmp_path / "inference.md").read_text().splitlines()[-1]
-    each = "test mobilenet_v2, batch 32 0.900, test mobilenet_v2, batch 512 1.000"
+    each = "test mobilenet_v2, batch 32: 0.900; test mobilenet_v2, batch 512: 1.000"
     assert headline.endswith(f"none held to the goal: {each}")
-    with pytest.raises(SystemExit) as refused:
-        inference.main(["--batch-sizes", "32,0"])
-    assert refused.value.code == 2 and "'32,0': comma-separated batch sizes" in capsys.readouterr().err
+    assert inference.batch_sizes("32, 64") == [32, 64]
+    for wrong in ("32,0", "32,032", "", "32;64"):
+        with pytest.raises(SystemExit) as refused:
+            inference.main(["--batch-sizes", wrong])
+        assert refused.value.code == 2 and f"{wrong!r}: comma-separated batch sizes" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # the sweep has no options' cases
+        inference.main(["--batch-sizes", "32", "--options"])
+    assert refused.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
 
 
 class SlowValidation(LightningModule):
