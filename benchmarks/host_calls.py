@@ -42,7 +42,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import nn
 
-from benchmarks._common import RESULTS, SIDES, Setup, machine, parse, publish, template_arguments
+from benchmarks._common import REPO, RESULTS, SIDES, Setup, machine, parse, publish, template_arguments
 from benchmarks.inference import MOBILENET, WARMUP_BATCHES
 from benchmarks.lightning_loop import lightning_infer
 from benchmarks.paired import settle_process
@@ -54,7 +54,7 @@ STAGES = ("test", "predict")
 WINDOWS = ("step", "between")
 NETWORK, REST = "the network", "torch and the rest"
 LIGHTNING = "Lightning: "  # the origins in Lightning's loop: the function it called, or "the loop" itself
-REPOSITORY = str(Path(__file__).resolve().parents[1]) + "/"
+REPOSITORY = f"{REPO}/"
 # Code of this repository's, named by file and function: the template's, and the benchmarks' own (the plain loop,
 # the lightning side's steps, the counting callback).
 OWN_CODE = tuple(f"{REPOSITORY}{folder}/" for folder in ("project", "benchmarks"))

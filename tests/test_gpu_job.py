@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,10 @@ def test_the_gpu_run_script_without_a_gpu(tmp_path: Path) -> None:
     # job-resnet50's --only names runs that exist: one that did not would be refused before the GPU check's line
     for stage in ("job", "job-resnet50"):
         assert "gpu-job: no CUDA GPU here" in (tmp_path / "out" / f"{stage}.log").read_text()
+    # and they are the job's ResNet50 runs, all of them: the script names them by number
+    (only,) = re.findall(r"job-resnet50\).*--only ([\d,]+)", (REPO / "benchmarks" / "gpu_run.sh").read_text())
+    names = [name for name, _ in gpu_job.runs(3)]
+    assert sorted(names[int(i)] for i in only.split(",")) == sorted(n for n in names if n.startswith("resnet50"))
     wrong = subprocess.run([*script, "fit"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "unknown stage fit" in wrong.stderr
     half = subprocess.run([*script, "bench-vgg16"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
