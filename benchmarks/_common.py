@@ -270,12 +270,17 @@ def balanced(ratios: list[float]) -> float:
 def ratios_by_clock(each: list[dict[str, float]], template: str) -> dict[str, Any]:
     """From the sessions' ratios (:func:`run_sessions`), per clock ``c``: ``c_ratio``, the template's (named
     ``template`` with ``{clock}`` for the clock) over its sessions (:func:`balanced`), ``c_session_ratios``,
-    each session's, and ``lightning_c_ratio``, Lightning's loop alone (named ``lightning_c``), likewise."""
+    each session's, ``lightning_c_ratio``, Lightning's loop alone (named ``lightning_c``), likewise, and
+    ``over_lightning_c_ratio``, the template's speed over Lightning's loop alone's within each session, likewise:
+    the template's own cost, paired as the sides run in one session, where the difference of the other two
+    would mix two sessions' spreads."""
     summary: dict[str, Any] = {}
     for c in CLOCKS:
         ratios = [ratio[template.format(clock=c)] for ratio in each]
+        floors = [ratio[f"lightning_{c}"] for ratio in each]
         summary.update({f"{c}_ratio": balanced(ratios), f"{c}_session_ratios": ratios})
-        summary[f"lightning_{c}_ratio"] = balanced([ratio[f"lightning_{c}"] for ratio in each])
+        summary[f"lightning_{c}_ratio"] = balanced(floors)
+        summary[f"over_lightning_{c}_ratio"] = balanced([r / floor for r, floor in zip(ratios, floors, strict=True)])
     return summary
 
 

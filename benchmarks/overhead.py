@@ -14,7 +14,8 @@ SGD and warm-up + cosine schedule, for the same number of steps:
   doing so;
 - lightning (:mod:`benchmarks.lightning_loop`): the plain loop's training step in Lightning's loop, with
   nothing of the template's. Its ratio to the plain loop is the part of the template's cost that is
-  Lightning's own, which no option of the template removes.
+  Lightning's own, which no option of the template removes; the template's speed over its own, in the same
+  sessions (``template/lightning``), is the part that is the template's.
 
 Each of ``--repeats`` sessions is a fresh process that runs every side twice, there and back (plain,
 lightning, template, template, lightning, plain), the order rotated from one session to the next
@@ -101,7 +102,8 @@ def chosen_cases(options: bool) -> list[tuple[Setup, bool]]:
 
 def measure(setup: Setup, held: bool, repeats: int, threads: int, work: Path, clock: str) -> dict[str, Any]:
     """``repeats`` sessions (:mod:`benchmarks.paired`) on ``setup``; the headline ``ratio`` on ``clock``
-    (template over plain), ``lightning_<clock>_ratio``: Lightning's loop alone over plain, and ``goal``: ``held``."""
+    (template over plain), ``lightning_<clock>_ratio``: Lightning's loop alone over plain,
+    ``over_lightning_<clock>_ratio``: the template over Lightning's loop alone, and ``goal``: ``held``."""
     ratios = {key: (key, "template") for key in SPEEDS}
     ratios |= {f"lightning_{c}": (f"{c}_images_per_second", "lightning") for c in CLOCKS}
     figures = partial(speeds, batch_size=setup.batch_size)
@@ -165,6 +167,7 @@ def publish_so_far(args: argparse.Namespace, results: list[dict[str, Any]], star
         "ratio",
         "session ratios",
         "lightning ratio",
+        "template/lightning",
     ]
     rows = [
         [
@@ -175,6 +178,7 @@ def publish_so_far(args: argparse.Namespace, results: list[dict[str, Any]], star
             number(r[f"{c}_ratio"], 3) + ("" if r["goal"] else " (an option, not held to the goal)"),
             " ".join(number(p, 3) for p in r[f"{c}_session_ratios"]),
             number(r[f"lightning_{c}_ratio"], 3),
+            number(r[f"over_lightning_{c}_ratio"], 3),
         ]
         for r in results
         for c in CLOCKS
