@@ -307,9 +307,10 @@ def test_the_headline_is_the_median_over_rounds_of_three_sessions_of_each_rounds
     from benchmarks import _common, inference
 
     # Nine sessions of made-up stamps: evaluation steps of 1 s on the plain side, 1/0.98 s on the lightning side,
-    # 1/ratio s on the template's. Round means 0.9467, 0.96 and 0.9133: their median 0.9467, where the median of
-    # all nine would give 0.96 and their mean 0.94; over Lightning's loop alone, each of them / 0.98.
-    session_ratios = [0.90, 0.95, 0.99, 0.96, 0.96, 0.96, 0.80, 0.97, 0.97]
+    # 1/ratio s on the template's. Round means 0.9467, 0.99 and 0.9133: their median 0.9467, where the median of
+    # all nine would give 0.97 and their mean 0.95; over Lightning's loop alone, each of them / 0.98. One round of
+    # the three reaches the goal.
+    session_ratios = [0.90, 0.95, 0.99, 0.99, 0.99, 0.99, 0.80, 0.97, 0.97]
     template_ratios = iter(session_ratios)
     rotations = []
 
@@ -334,7 +335,8 @@ def test_the_headline_is_the_median_over_rounds_of_three_sessions_of_each_rounds
     table = (tmp_path / "inference.md").read_text()
     assert "| template/lightning |" in table.splitlines()[0] and table.splitlines()[2].endswith("| 0.980 | 0.966 |")
     headline = table.splitlines()[-1]
-    assert "ratio 0.947" in headline and "0.800 to 0.990" in headline and headline.endswith("MISSED")
+    assert "ratio 0.947" in headline and "0.800 to 0.990" in headline
+    assert headline.endswith("goal >= 0.98: MISSED, 1 of 3 rounds at or over it")
 
 
 def test_batch_sizes_measure_mobilenets_test_at_each_size_none_held_to_the_goal(
