@@ -278,6 +278,19 @@ def balanced(ratios: list[float]) -> float:
     return statistics.median(round_means(ratios))
 
 
+def verdict(session_ratios: list[float], goal: float) -> str:
+    """``goal >= G: met`` (or ``MISSED``) for the :func:`balanced` ratio of ``session_ratios``, and how many of
+    their rounds reach the goal: rounds on both sides of it mean the machine's noise is as large as the distance
+    to the goal, and another reading may give the other verdict.
+
+    >>> verdict([0.97, 0.98, 0.99, 0.99, 0.99, 0.99, 0.96, 0.97, 0.98], 0.98)  # round means 0.98, 0.99, 0.97
+    'goal >= 0.98: met, 2 of 3 rounds at or over it'
+    """
+    rounds = round_means(session_ratios)
+    status = "met" if balanced(session_ratios) >= goal else "MISSED"
+    return f"goal >= {goal}: {status}, {sum(mean >= goal for mean in rounds)} of {len(rounds)} rounds at or over it"
+
+
 def ratios_by_clock(each: list[dict[str, float]], template: str) -> dict[str, Any]:
     """From the sessions' ratios (:func:`run_sessions`), per clock ``c``: ``c_ratio``, the template's (named
     ``template`` with ``{clock}`` for the clock) over its sessions (:func:`balanced`), ``c_session_ratios``,
@@ -384,17 +397,12 @@ def publish_comparison(
     held = [case for case in cases if case.get("goal", True)]
     if held:
         worst = min(held, key=lambda case: case["ratio"])
-        status = "met" if worst["ratio"] >= goal else "MISSED"
         ratios = worst[f"{args.clock}_session_ratios"]
-        # How firmly: the rounds that reach the goal. Rounds split on either side of it mean the machine's noise
-        # is as large as the distance to the goal, and another reading may give the other verdict.
-        rounds = round_means(ratios)
-        reached = sum(mean >= goal for mean in rounds)
         headline = (
             f"{name}: min template/plain {what} ratio {worst['ratio']:.3f} on the {args.clock} clock "
             f"({worst['case']}; {len(ratios)} sessions in rotated orders, rounds of {ROUND} averaged, the median "
-            f"over whole rounds; the sessions gave {min(ratios):.3f} to {max(ratios):.3f}); goal >= {goal}: {status}, "
-            f"{reached} of {len(rounds)} rounds at or over it"
+            f"over whole rounds; the sessions gave {min(ratios):.3f} to {max(ratios):.3f}); "
+            f"{verdict(ratios, goal)}"
         )
     else:
         each = "; ".join(f"{case['case']}: {case['ratio']:.3f}" for case in cases)
