@@ -280,14 +280,18 @@ def balanced(ratios: list[float]) -> float:
 
 def verdict(session_ratios: list[float], goal: float) -> str:
     """``goal >= G: met`` (or ``MISSED``) for the :func:`balanced` ratio of ``session_ratios``, and how many of
-    their rounds reach the goal: rounds on both sides of it mean the machine's noise is as large as the distance
-    to the goal, and another reading may give the other verdict.
+    their whole rounds reach the goal: rounds on both sides of it mean the machine's noise is as large as the
+    distance to the goal, and another reading may give the other verdict.
 
-    >>> verdict([0.97, 0.98, 0.99, 0.99, 0.99, 0.99, 0.96, 0.97, 0.98], 0.98)  # round means 0.98, 0.99, 0.97
-    'goal >= 0.98: met, 2 of 3 rounds at or over it'
+    >>> verdict([0.97, 0.97, 0.99, 0.99, 0.99, 0.99, 0.96, 0.97, 0.97], 0.98)  # round means 0.9767, 0.99, 0.9667
+    'goal >= 0.98: MISSED, 1 of 3 rounds at or over it'
+    >>> verdict([0.99, 0.97], 0.98)
+    'goal >= 0.98: met, no whole round of 3 sessions to say how firmly'
     """
-    rounds = round_means(session_ratios)
     status = "met" if balanced(session_ratios) >= goal else "MISSED"
+    if len(session_ratios) < ROUND:
+        return f"goal >= {goal}: {status}, no whole round of {ROUND} sessions to say how firmly"
+    rounds = round_means(session_ratios)
     return f"goal >= {goal}: {status}, {sum(mean >= goal for mean in rounds)} of {len(rounds)} rounds at or over it"
 
 
@@ -295,9 +299,8 @@ def ratios_by_clock(each: list[dict[str, float]], template: str) -> dict[str, An
     """From the sessions' ratios (:func:`run_sessions`), per clock ``c``: ``c_ratio``, the template's (named
     ``template`` with ``{clock}`` for the clock) over its sessions (:func:`balanced`), ``c_session_ratios``,
     each session's, ``lightning_c_ratio``, Lightning's loop alone (named ``lightning_c``), likewise, and
-    ``over_lightning_c_ratio``, the template's speed over Lightning's loop alone's within each session, likewise:
-    the template's own cost, paired as the sides run in one session, where the difference of the other two
-    would mix two sessions' spreads."""
+    ``over_lightning_c_ratio``, the template's speed over that side's in each session, balanced likewise: the
+    template's own cost, paired, where dividing the other two balanced ratios would mix both their spreads."""
     summary: dict[str, Any] = {}
     for c in CLOCKS:
         ratios = [ratio[template.format(clock=c)] for ratio in each]
@@ -446,6 +449,17 @@ def publish(
     print(headline)
 
 
+def whole_number_above_0(text: str) -> int:
+    """``--repeats``' value: a whole number above 0 (no session, run or seed measures nothing).
+
+    >>> whole_number_above_0("3")
+    3
+    """
+    if not (text.strip().isascii() and text.strip().isdigit()) or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number above 0")
+    return int(text)
+
+
 def common_arguments(
     module: str, description: str, default_repeats: int, clock: bool = True
 ) -> argparse.ArgumentParser:
@@ -456,7 +470,7 @@ def common_arguments(
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=whole_number_above_0,
         default=default_repeats,
         help="how often each case is measured (sessions, runs or seeds: see the benchmark's notes)",
     )

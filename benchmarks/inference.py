@@ -196,8 +196,18 @@ def publish_so_far(
     args: argparse.Namespace, report: list[dict[str, Any]], rows: list[list[str]], started: float
 ) -> None:
     """``inference.{md,json}`` with the cases measured so far (``report``, their table ``rows``)."""
-    header = ["case", "model", "batch", "clock", *SIDES, "unit", "ratio", "session ratios", "lightning ratio"]
-    header.append("template/lightning")
+    header = [
+        "case",
+        "model",
+        "batch",
+        "clock",
+        *SIDES,
+        "unit",
+        "ratio",
+        "session ratios",
+        "lightning ratio",
+        "template/lightning",
+    ]
     split_rows = [
         [
             entry["case"],

@@ -14,8 +14,8 @@ SGD and warm-up + cosine schedule, for the same number of steps:
   doing so;
 - lightning (:mod:`benchmarks.lightning_loop`): the plain loop's training step in Lightning's loop, with
   nothing of the template's. Its ratio to the plain loop is the part of the template's cost that is
-  Lightning's own, which no option of the template removes; the template's speed over its own, in the same
-  sessions (``template/lightning``), is the part that is the template's.
+  Lightning's own, which no option of the template removes; the template's speed over that side's, in the
+  same sessions (``template/lightning``), is the part that is the template's.
 
 Each of ``--repeats`` sessions is a fresh process that runs every side twice, there and back (plain,
 lightning, template, template, lightning, plain), the order rotated from one session to the next

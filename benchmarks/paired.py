@@ -23,7 +23,7 @@ first and last places averaged 0.2-2 % above their session's mean and those in t
 2 % below it, in 15 of the 16 cases -- the places the template always held, so a fixed order cannot tell
 what the place costs from what the side costs. The sessions therefore rotate the order (:func:`order`):
 over every three, each side runs once in each pair of places, and
-:func:`benchmarks._common.ratios_by_clock` averages within such rounds. In the first rotated reading the
+:func:`benchmarks._common.round_means` averages within such rounds. In the first rotated reading the
 places weighed nothing (each pair within 0.8 % of its session's mean over 8 cases) and the gaps were the
 sides'; the rotation stays, so that no side's figure rests on its place.
 
