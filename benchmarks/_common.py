@@ -455,9 +455,10 @@ def whole_number_above_0(text: str) -> int:
     >>> whole_number_above_0("3")
     3
     """
-    if not (text.strip().isascii() and text.strip().isdigit()) or int(text) == 0:
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or int(digits) == 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number above 0")
-    return int(text)
+    return int(digits)
 
 
 def common_arguments(

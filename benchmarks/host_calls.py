@@ -173,6 +173,9 @@ class CountedSteps(Callback):
         self.counter.stop()
         self.path.write_text(json.dumps(self.counter.per_batch()))
 
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self.counter.stop()  # a run that raised before its end: no profile hook or collection callback left behind
+
     on_predict_batch_start = on_test_batch_start
     on_predict_batch_end = on_test_batch_end
     on_predict_end = on_test_end
@@ -196,9 +199,7 @@ def counted(side: str, stage: str, setup: Setup, folder: Path) -> dict[str, dict
             counting = ["--trainer.callbacks+=benchmarks.host_calls.CountedSteps", f"--trainer.callbacks.path={path}"]
             template_main([*template_arguments(stage, setup, folder), *counting])
     finally:
-        counter.stop()  # sys.setprofile is the thread's: this also stops a Lightning run's counter left on midway
-        # and a Lightning run that raised before its end leaves its counter's collection callback registered
-        gc.callbacks[:] = [c for c in gc.callbacks if getattr(c, "__func__", None) is not CallCounter._collected]
+        counter.stop()
     return counter.per_batch() if side == "plain" else json.loads(path.read_text())
 
 

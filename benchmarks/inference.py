@@ -80,6 +80,7 @@ from benchmarks._common import (
     publish_comparison,
     ratios_by_clock,
     run_sessions,
+    whole_number_above_0,
 )
 from project.toolkit.measure.tables import number
 
@@ -145,10 +146,13 @@ def chosen_cases(options: bool, batch_sizes: list[int] | None = None) -> list[tu
 
 def batch_sizes(text: str) -> list[int]:
     """``--batch-sizes``' value: comma-separated whole numbers above 0, each once."""
-    sizes = [size.strip() for size in text.split(",")]
-    numbers = [int(size) for size in sizes if size.isascii() and size.isdigit()]
-    if len(numbers) < len(sizes) or 0 in numbers or len(set(numbers)) < len(numbers):
-        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated batch sizes, whole numbers above 0, each once")
+    refused = argparse.ArgumentTypeError(f"{text!r}: comma-separated batch sizes, whole numbers above 0, each once")
+    try:
+        numbers = [whole_number_above_0(size) for size in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise refused from None
+    if len(set(numbers)) < len(numbers):
+        raise refused
     return numbers
 
 

@@ -531,6 +531,19 @@ def test_the_call_counter_counts_garbage_collections_by_window() -> None:
     assert host_calls.total({host_calls.COLLECTIONS: 1.0, host_calls.REST: 2.0}) == 2.0  # collections are not calls
 
 
+def test_the_counting_callback_stops_its_counter_when_the_run_raises(tmp_path: Path) -> None:
+    import gc
+
+    from benchmarks import host_calls
+
+    steps = host_calls.CountedSteps(str(tmp_path / "calls.json"))
+    steps.on_test_batch_start(None, None)  # type: ignore[arg-type]  # the hooks use neither trainer nor module
+    counting = (sys.getprofile(), steps.counter._collected in gc.callbacks)
+    steps.on_exception(None, None, RuntimeError("a failed run"))  # type: ignore[arg-type]
+    assert counting == (steps.counter._count, True)
+    assert sys.getprofile() is None and steps.counter._collected not in gc.callbacks
+
+
 @pytest.mark.slow
 def test_host_calls_counts_every_sides_calls_per_batch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from benchmarks import _common, host_calls
