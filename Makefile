@@ -107,15 +107,14 @@ $(VENV_XLA)/.installed: pyproject.toml
 test-xla: $(VENV_XLA)/.installed  ## the XLA tests (fit + test on the XLA CPU device), in .venv-xla
 	PJRT_DEVICE=CPU REQUIRE_XLA=1 $(PY_XLA) -m pytest -m xla $(ARGS)
 
-lint: $(VENV)/.installed-dev
-	$(PY) -m ruff check project tests benchmarks
-	$(PY) -m ruff format --check project tests benchmarks
+lint: $(VENV)/.installed-dev  ## the hooks of .pre-commit-config.yaml (ruff, ruff format, basic checks) on every file
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pre_commit run --all-files
 
 # Each run is named by its setup (version_3-ddp-resnet50-2xcpu-b256), not version_N alone; TensorBoard opens
 # on its SCALARS tab, so the address of the side-by-side view is printed first.
 tensorboard: $(VENV)/.installed  ## serve the runs under LOGDIR on http://localhost:6006
 	@echo "the side-by-side charts: http://localhost:6006/#custom_scalars"
-	$(PY) -m tensorboard.main $$($(PY) -m project.toolkit.run_dirs $(LOGDIR))
+	$(PY) -m tensorboard.main $$($(PY) -m project.toolkit.cli.run_dirs $(LOGDIR))
 
 clean:  ## caches and build files; keeps .venv, data/ and lightning_logs/
 	rm -rf .pytest_cache .ruff_cache build *.egg-info

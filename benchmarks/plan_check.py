@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from project.toolkit.bench.plan import (
+from project.toolkit.measure.tables import markdown_table
+from project.toolkit.plan import (
     Link,
     Target,
     core_slowdown,
@@ -33,7 +34,6 @@ from project.toolkit.bench.plan import (
     scaling_efficiency,
     sharing_here,
 )
-from project.toolkit.measure.tables import markdown_table
 
 PLANNED = {"ddp": "ddp", "fsdp": "fsdp", "pipeline-mb4": "pipeline"}
 
@@ -146,7 +146,7 @@ def published_run(images_per_second: float) -> dict[str, Any]:
     network (ResNet50, 1000 classes, 224 px) measured on the meta device."""
     from torchvision.models import resnet50
 
-    from project.toolkit.measure.network import network_profile
+    from project.toolkit.plan.network import network_profile
 
     network = network_profile(resnet50(num_classes=1000), 224)
     network["optimizer_state_bytes"] = network["parameter_bytes"]  # SGD momentum

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from project.toolkit.entry import main as toolkit_main
+from project.toolkit.cli import main as toolkit_main
 
 MODEL = "project.model.ImageClassifier"
 DEFAULT_DATA = "project.data.CIFAR10DataModule"

@@ -156,7 +156,7 @@ def test_each_ddp_rank_records_an_anatomy_that_adds_up_and_plan_reads_it(
     assert network["optimizer_state_bytes"] == network["parameter_bytes"]  # SGD's momentum, one per parameter
     assert "block_seconds" not in network  # blocks are timed after single-device fits only
 
-    from project.toolkit.bench.plan import main as plan_main
+    from project.toolkit.plan import main as plan_main
 
     capsys.readouterr()
     plan_main([str(run), "--devices", "4", "--link-gbps", "8", "--out", str(tmp_path / "plan")])

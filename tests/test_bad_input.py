@@ -84,7 +84,7 @@ CASES: list[Case] = [
         "model.arch='resnet5' is neither a torchvision classification model nor package.module.name",
     ),
     ("fit", "--model.arch=", "model.arch='' is neither a torchvision classification model nor package.module.name"),
-    ("fit", "--trainer.strategy=ddpp", "trainer.strategy='ddpp' is not a strategy; choose one of: auto, ddp"),
+    ("fit", "--trainer.strategy=ddpp", "trainer.strategy='ddpp' is not a strategy; did you mean ddp or dp?"),
     ("fit", "--trainer.accelerator=qpu", "trainer.accelerator='qpu' is not an accelerator; choose one of:"),
     ("fit", "--trainer.accelerator=gpu", "trainer.accelerator='gpu', but this machine has no CUDA GPU"),
     ("fit", "--trainer.devices=0", "trainer.devices='0' is not allowed: use a number >= 1"),

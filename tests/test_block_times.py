@@ -1,4 +1,4 @@
-"""The blocks' timing after a single-device fit (project/toolkit/measure/block_times.py): what it measures,
+"""The blocks' timing after a single-device fit (project/toolkit/plan/block_times.py): what it measures,
 that it leaves the network as it was, and that a fit records it beside the network's units."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from project.__main__ import main
-from project.toolkit.measure.block_times import block_seconds
+from project.toolkit.plan.block_times import block_seconds
 
 
 def test_times_every_block_at_both_sizes_and_leaves_the_network_as_it_was() -> None:

@@ -186,12 +186,9 @@ def test_cudnn_autotuning_is_on_unless_deterministic(
 
 
 def test_each_command_holds_the_default_callbacks_with_work_in_it(tiny_args: list[str], tmp_path: Path) -> None:
-    """Every default callback is on, in the commands it has work in (WORKS_IN), and in no other: Lightning adds
-    no summary callback of its own in place of one left out, nor misses a callback whose state the checkpoint
-    holds."""
-    from lightning.pytorch.callbacks import ModelSummary
-
-    from project.toolkit.cli import DEFAULT_CALLBACKS, WORKS_IN
+    """Every default callback is on, in the commands it has work in (WORKS_IN), and in no other; Lightning misses
+    no callback whose state the checkpoint holds."""
+    from project.toolkit.callbacks import DEFAULT_CALLBACKS, WORKS_IN
 
     shown = ["--trainer.enable_progress_bar=true", "--trainer.enable_model_summary=true"]  # tiny_args hide them
     fit = main(["fit", *tiny_args, *shown, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
@@ -205,8 +202,6 @@ def test_each_command_holds_the_default_callbacks_with_work_in_it(tiny_args: lis
         for name, kind in DEFAULT_CALLBACKS.items():
             works = command in WORKS_IN.get(name, {command})
             assert any(isinstance(c, kind) for c in held) == works, (command, name)
-        if command != "fit":
-            assert not any(isinstance(c, ModelSummary) for c in held), (command, held)
 
 
 def test_each_default_callback_can_be_switched_off(tiny_args: list[str], tmp_path: Path) -> None:
@@ -227,7 +222,7 @@ def test_checkpointing_can_be_switched_off(tiny_args: list[str], tmp_path: Path,
 
 
 def test_default_yaml_lists_the_default_callbacks(capsys: pytest.CaptureFixture) -> None:
-    from project.toolkit.cli import DEFAULT_CALLBACKS
+    from project.toolkit.callbacks import DEFAULT_CALLBACKS
 
     listed = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["callbacks"]
     assert listed == dict.fromkeys(DEFAULT_CALLBACKS, True)
@@ -243,21 +238,3 @@ def test_rich_bar_redraws_ten_times_a_second_unless_told(
     cli = main(["fit", *tiny_args, *shown, *options, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
     (bar,) = [c for c in cli.trainer.callbacks if isinstance(c, RichTrainingBar)]
     assert bar.refresh_rate == redraws_per_second
-
-
-@pytest.mark.skipif(not rich_installed(), reason="the rich bar needs rich (the progress extra, installed by dev)")
-def test_rich_bar_reads_its_values_on_logging_steps_only_and_counts_every_step(
-    tiny_args: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from lightning.pytorch.callbacks import RichProgressBar
-
-    from project.toolkit import compat
-    from project.toolkit.callbacks import progress
-
-    full, counts = [], []  # Lightning's whole update (values, count, redraw); the count alone
-    monkeypatch.setattr(RichProgressBar, "on_train_batch_end", lambda self, *args: full.append(args[-1]))
-    advance = compat.advance_rich_bar
-    monkeypatch.setattr(progress, "advance_rich_bar", lambda bar, task, n: (counts.append(n), advance(bar, task, n)))
-    shown = ["--trainer.enable_progress_bar=true", "--trainer.log_every_n_steps=3"]
-    main(["fit", *tiny_args, *shown, "--trainer.max_epochs=1", "--trainer.limit_train_batches=4"])
-    assert full == [2] and counts == [1, 2, 4]  # batch 2 is the third step, which the loggers write

@@ -9,7 +9,7 @@ import pytest
 from lightning.pytorch.cli import LightningCLI
 
 from project.__main__ import main
-from project.toolkit.commands import TOOL_COMMANDS, TRAINER_COMMANDS
+from project.toolkit.cli import TOOL_COMMANDS, TRAINER_COMMANDS
 
 
 def test_the_trainer_commands_are_lightnings() -> None:
@@ -17,7 +17,7 @@ def test_the_trainer_commands_are_lightnings() -> None:
 
 
 def test_top_level_help_lists_every_command_without_importing_torch() -> None:
-    code = "import sys\nfrom project.toolkit.entry import main\n"
+    code = "import sys\nfrom project.toolkit.cli import main\n"
     code += "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
     code += "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -66,5 +66,5 @@ def test_fit_help_names_the_program_and_the_templates_strategies(capsys: pytest.
         main(["fit", "--help"])
     out = " ".join(capsys.readouterr().out.split())  # help text is wrapped at the terminal's width
     assert out.startswith("usage: python -m project [options] fit")
-    assert "Names: this template's dp, dp_balanced, fsdp," in out
-    assert "Names: this template's xla_cpu" in out
+    assert "The template's names for --trainer.strategy: auto, single_device, dp, dp_balanced, ddp, fsdp," in out
+    assert "--trainer.accelerator: auto, cpu, gpu, tpu, xla_cpu" in out

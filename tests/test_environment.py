@@ -19,6 +19,8 @@ KEYS = {
     "cpu_model": str,
     "cpu_cores": int,
     "host_allocator": str,
+    "os": str,
+    "nvidia_driver": (str, type(None)),
     "cuda": (str, type(None)),
     "cudnn": (str, type(None)),
     "nccl": (str, type(None)),

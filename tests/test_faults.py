@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -13,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from project.__main__ import main
 from project.toolkit.callbacks import checkpoints
-from project.toolkit.callbacks.checkpoints import AtomicCheckpointIO, AtomicCheckpoints, check_checkpoint_file
-from project.toolkit.callbacks.guards import FiniteLossGuard
+from project.toolkit.callbacks.checkpoints import AtomicCheckpointIO, Checkpoints, check_checkpoint_file
+from project.toolkit.callbacks.guards import Guards
 from project.toolkit.errors import ProjectError
+from tests.test_run_output import Records
 
 
 def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -83,12 +84,12 @@ class LossTurnsNaN(LightningModule):
 
 
 def fit_nan_run(tmp_path: Path, bad_step: int) -> Trainer:
-    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=1)
+    checkpoint = Checkpoints(dirpath=tmp_path, save_last=True, every_n_train_steps=1)
     trainer = Trainer(
         accelerator="cpu",
         max_epochs=2,
         default_root_dir=tmp_path,
-        callbacks=[FiniteLossGuard(), AtomicCheckpoints(), checkpoint],
+        callbacks=[Guards(lost_rank=False), checkpoint],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -146,9 +147,16 @@ def test_a_signal_saves_a_checkpoint_and_the_run_resumes_from_it(
         f"--trainer.callbacks.signum={signum}",
         "--trainer.callbacks.step=11",
     ]
-    with pytest.raises(SystemExit) as exit_info:
-        main([*args, *stop])
+    said = Records()
+    logging.getLogger("lightning.pytorch").addHandler(said)
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*args, *stop])
+    finally:
+        logging.getLogger("lightning.pytorch").removeHandler(said)
     assert exit_info.value.code == 128 + signum  # what a shell reports for a process stopped by it
+    # Lightning's own line for a SIGTERM, not for the SIGTERM a Ctrl-C was turned into
+    assert any("Received SIGTERM" in m for m in said.messages) == (signum == signal.SIGTERM), said.messages
     saved = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)
     assert (saved["epoch"], saved["global_step"]) == (1, 11)  # the step the signal came in, finished
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C handling given back

@@ -1,6 +1,7 @@
 """The two layers, read file by file: the machinery (``project/toolkit/``) never imports the template
 layer (``project.model``, ``project.nets``, ``project.data``, ``project.__main__``), no module imports
-itself back through others (no circles), and the template layer stays small enough to read first.
+itself back through others (no circles), nor does any folder of the toolkit, and the template layer stays
+small enough to read first.
 
 Every ``import`` and ``from ... import`` counts, also those inside functions: a lazy import is an arrow
 all the same."""
@@ -107,6 +108,41 @@ def test_the_check_sees_a_forbidden_arrow_and_a_circle(tmp_path: Path) -> None:
     assert circles({"a": {"b"}, "b": {"a"}}) == ["a -> b -> a"]
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b -> c -> b"]  # entered from outside the circle
     assert circles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []  # a diamond: two paths, no circle
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The arrows between the toolkit's parts: each folder (``project.toolkit.plan``) or top-level module
+    (``project.toolkit.errors``) is one node, and an import between two modules is an arrow between their parts."""
+
+    def part(module: str) -> str | None:
+        names = module.split(".")
+        return ".".join(names[:3]) if module.startswith(f"{MACHINERY}.") else None
+
+    arrows: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        if (a := part(source)) is not None:
+            arrows.setdefault(a, set()).update(b for t in targets if (b := part(t)) not in (None, a))
+    for targets in list(arrows.values()):
+        for target in targets:
+            arrows.setdefault(target, set())
+    return arrows
+
+
+def test_no_folder_imports_a_folder_that_imports_it_back() -> None:
+    assert circles(folder_graph(import_graph())) == []
+
+
+def test_the_folder_check_sees_a_circle_between_two_folders() -> None:
+    graph = {
+        "project.toolkit.a.x": {"project.toolkit.b.y"},
+        "project.toolkit.b.y": set(),
+        "project.toolkit.b.z": {"project.toolkit.a"},
+    }
+    assert folder_graph(graph) == {
+        "project.toolkit.a": {"project.toolkit.b"},
+        "project.toolkit.b": {"project.toolkit.a"},
+    }
+    assert circles(folder_graph(graph)) == ["project.toolkit.a -> project.toolkit.b -> project.toolkit.a"]
 
 
 def test_the_template_layer_is_small_enough_to_read_first() -> None:

@@ -1,6 +1,6 @@
-"""``python -m project plan`` (project/toolkit/bench/plan.py): its formulas on known inputs, the predictions
+"""``python -m project plan`` (project/toolkit/plan/__init__.py): its formulas on known inputs, the predictions
 they add up to, the command (a table from a timing.json, without torch where nothing is measured here;
-one-line errors) and the replay of ddp and fsdp on a CPU (project/toolkit/measure/replay.py)."""
+one-line errors) and the replay of ddp and fsdp on a CPU (project/toolkit/plan/replay.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from project.toolkit.bench import plan
-from project.toolkit.bench.plan import Link, Measured, Target
+from project.toolkit import plan
+from project.toolkit.plan import Link, Measured, Target
 
 FAST = Link(latency=0.0, bandwidth=1e9, source="given")  # 1 GB/s, no latency: round numbers
 MB = 1e6
@@ -213,7 +213,7 @@ def write_run(folder: Path, **changes: object) -> Path:
 
 def test_the_command_prints_every_strategy_from_a_timing_json_without_importing_torch(tmp_path: Path) -> None:
     folder = write_run(tmp_path / "run")
-    code = "import sys\nfrom project.toolkit.entry import main\n"
+    code = "import sys\nfrom project.toolkit.cli import main\n"
     code += (
         f"main(['plan', {str(folder)!r}, '--devices', '2', '--link-gbps', '8', '--out', {str(tmp_path / 'out')!r}])\n"
     )
@@ -271,7 +271,7 @@ def test_pipeline_takes_the_time_its_blocks_were_measured_to_take() -> None:
 
 @pytest.mark.slow
 def test_processes_computing_at_once_are_measured_against_one_alone() -> None:
-    from project.toolkit.measure.cores import measure_core_sharing
+    from project.toolkit.plan.cores import measure_core_sharing
 
     measured = measure_core_sharing(processes=2, threads=1)
     assert measured["factor"] >= 1.0 and measured["alone_seconds"] > 0
@@ -298,7 +298,7 @@ def test_the_replay_is_for_this_machines_cpu_processes_only(monkeypatch: pytest.
 
 
 def test_the_replay_refuses_work_for_other_units() -> None:
-    from project.toolkit.measure.replay import UnitWork, replay_data_parallel
+    from project.toolkit.plan.replay import UnitWork, replay_data_parallel
 
     with pytest.raises(ValueError, match="1 units of work for 2 units of parameters"):
         replay_data_parallel([[4], [4]], [], 0, world=2, work=[UnitWork(0.001, 0.002, 64)])
@@ -307,7 +307,7 @@ def test_the_replay_refuses_work_for_other_units() -> None:
 def test_the_units_tensor_sizes_are_recorded_with_declared_blocks_and_the_rest_apart() -> None:
     from torch import nn
 
-    from project.toolkit.measure.network import network_profile
+    from project.toolkit.plan.network import network_profile
 
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 2 * 2, 5))
     blocks = [("conv", net[0]), ("relu", net[1])]  # the head is in no block: the root's

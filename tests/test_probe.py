@@ -20,16 +20,14 @@ import lightning
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import TensorBoardLogger
 
 from project.__main__ import main
 from project.model import ImageClassifier
-from project.toolkit import preflight
 from project.toolkit.bench import compare as compare_module
 from project.toolkit.bench.report import speedups
-from project.toolkit.callbacks.views import drop_epoch_scalar
-from project.toolkit.commands import top_level_help
-from project.toolkit.run_dirs import run_label, tensorboard_logdir_spec
+from project.toolkit.cli import checks as preflight
+from project.toolkit.cli import top_level_help
+from project.toolkit.cli.run_dirs import run_label, tensorboard_logdir_spec
 from tests.test_bad_input import one_error_line
 
 # --------------------------------------------------------------------------- scratch inputs
@@ -339,16 +337,6 @@ def test_tensorboard_names_runs_by_their_setup(tmp_path: Path) -> None:
         f"--logdir_spec=version_3-ddp-resnet50-2xcpu-b256:{ddp},version_4:{bare}"  # no setup recorded: the folder
     )
     assert tensorboard_logdir_spec(tmp_path / "nothing") == f"--logdir={tmp_path / 'nothing'}"
-
-
-def test_the_epoch_scalar_is_left_out(tmp_path: Path) -> None:
-    logger = TensorBoardLogger(tmp_path)
-    written: list[dict] = []
-    logger.log_metrics = lambda metrics, step=None: written.append(dict(metrics))  # type: ignore[method-assign]
-    drop_epoch_scalar(logger)
-    drop_epoch_scalar(logger)  # once is enough: a second setup (fit, then test) does not wrap it again
-    logger.log_metrics({"epoch": 3, "val/acc": 0.5}, step=7)
-    assert written == [{"val/acc": 0.5}]
 
 
 @pytest.mark.parametrize(

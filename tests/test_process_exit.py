@@ -1,4 +1,4 @@
-"""How a process with a gloo process group ends (project/toolkit/process_exit.py): with its code, after its exit
+"""How a process with a gloo process group ends (project/toolkit/cli/process_exit.py): with its code, after its exit
 handlers, its output flushed, and never by an abort when a gloo worker lets go of a tensor during shutdown."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-import project.toolkit.entry as entry
-from project.toolkit.process_exit import leave_gloo_process_group
+import project.toolkit.cli as entry
+from project.toolkit.cli.process_exit import leave_gloo_process_group
 from tests.test_strategies import free_port_below_ephemeral_range
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ ONE_PROCESS = """
 import atexit, sys
 from concurrent.futures import ThreadPoolExecutor
 import torch.distributed as dist
-from project.toolkit.process_exit import end_program
+from project.toolkit.cli.process_exit import end_program
 
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
 sys.excepthook = sys.__excepthook__  # Python's own, without the "[rank0]: " torch.distributed puts before it
@@ -50,7 +50,7 @@ if rank == 0:
 
 import torch
 import torch.distributed as dist
-from project.toolkit.process_exit import end_program
+from project.toolkit.cli.process_exit import end_program
 
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 if rank == 1:
@@ -116,7 +116,7 @@ def test_a_process_with_a_gloo_group_ends_as_python_would_after_its_exit_handler
 
 def test_a_process_without_a_gloo_group_goes_on(tmp_path: Path) -> None:
     script = tmp_path / "none.py"
-    script.write_text("from project.toolkit.process_exit import end_program\nend_program(3)\nprint('went on')\n")
+    script.write_text("from project.toolkit.cli.process_exit import end_program\nend_program(3)\nprint('went on')\n")
     returncode, out, err = ended(start_script(script))
     assert (returncode, out) == (0, "went on\n"), err
 
@@ -147,7 +147,7 @@ def test_the_program_ends_through_end_program(monkeypatch: pytest.MonkeyPatch, o
         return "cli"
 
     ended = []
-    monkeypatch.setattr("project.toolkit.cli.main", cli_main)
+    monkeypatch.setattr("project.toolkit.cli.lightning_cli.main", cli_main)
     monkeypatch.setattr(entry, "end_program", ended.append)
     monkeypatch.setattr(sys, "argv", ["project", "fit"])
     for args in (None, ["fit"]):

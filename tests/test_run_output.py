@@ -18,11 +18,11 @@ from lightning.pytorch import Trainer
 from project.__main__ import main
 from project.toolkit.callbacks import progress
 from project.toolkit.callbacks.estimate import estimate_line
-from project.toolkit.callbacks.quiet import LITLOGGER_TIP, ModelSummaryWithFlops, silence_known_noise
+from project.toolkit.log import LITLOGGER_TIP, silence_known_noise
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2"]
-# Lightning's messages that are noise for this template (project/toolkit/callbacks/quiet.py and friends)
-NOISE = ("LeafSpec", "dirpath has changed", "smaller than the logging interval", "`weights_only` was not set")
+# Lightning's messages that are noise for this template (project/toolkit/log.py and friends)
+NOISE = ("LeafSpec", "dirpath has changed", "`weights_only` was not set")
 
 
 class Records(logging.Handler):
@@ -78,9 +78,7 @@ def test_without_a_logger_each_run_gets_its_own_folder_under_the_root(
 def test_test_and_predict_of_a_fit_write_into_its_folder_and_the_summary_says_where(
     tiny_args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture, lightning_messages
 ) -> None:
-    fit = main(["fit", *tiny_args, *SHORT, "--trainer.log_every_n_steps=50"])
-    # an epoch of 2 batches, shorter than the interval of 50: logged at its end, without a warning
-    assert fit.trainer.log_every_n_steps == fit.trainer.num_training_batches == 2
+    main(["fit", *tiny_args, *SHORT])
     run = tmp_path / "lightning_logs" / "version_0"
     out = capsys.readouterr().out
     best = next((run / "checkpoints").glob("epoch*.ckpt"))
@@ -144,7 +142,7 @@ def test_fast_dev_run_writes_nothing_and_says_so_and_its_bar_shows_the_loss(
     rich = progress.rich_installed()  # the `progress` extra (in `dev` too) installs rich
     assert type(bar) is (progress.RichTrainingBar if rich else progress.TQDMTrainingBar)
     shown = bar.get_metrics(cli.trainer, cli.model)
-    assert "v_num" not in shown and re.fullmatch(r"\d+\.\d{3}", shown["train/loss_step"]) and float(shown["lr"]) > 0
+    assert "v_num" not in shown and re.fullmatch(r"\d+\.\d{3}", shown["loss"]) and float(shown["lr"]) > 0
 
 
 class _LightningBar:
@@ -157,28 +155,16 @@ class _LightningBar:
         return {"v_num": 3, "val/acc": 0.5}
 
 
-class _CountingTrainer:
-    """A Trainer's ``callback_metrics``, counting how often they are read."""
-
-    reads = 0
-
-    @property
-    def callback_metrics(self) -> dict[str, torch.Tensor]:
-        self.reads += 1
-        return {"train/loss_step": torch.tensor(1.23456), "train/lr": torch.tensor(0.05)}
-
-
-def test_the_bar_reads_loss_and_lr_on_logging_steps_only_and_drops_v_num(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Bar(progress.TrainingValuesOnBar, _LightningBar):
+def test_the_bar_shows_the_latest_loss_and_lr_and_drops_v_num() -> None:
+    class Bar(progress.LossOnBar, _LightningBar):
         pass
 
-    logging_steps = [False, False, True, False]  # log_every_n_steps=3, 4 steps
-    monkeypatch.setattr(progress, "loggers_write_this_step", lambda trainer: logging_steps.pop(0))
-    bar, trainer = Bar(), _CountingTrainer()
-    for step in range(4):
-        bar.on_train_batch_end(trainer, None, None, None, step)
-    assert trainer.reads == 1  # on the logging step only: no wait for the device on the others
-    assert bar.get_metrics(trainer, None) == {"train/loss_step": "1.235", "lr": "0.05", "val/acc": 0.5}
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.05)
+    trainer, bar = SimpleNamespace(state=SimpleNamespace(fn="fit"), optimizers=[optimizer]), Bar()
+    assert bar.get_metrics(trainer, None) == {"lr": "0.05", "val/acc": 0.5}  # no step yet: no loss
+    for step, loss in enumerate([2.0, 1.23456]):
+        bar.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, None, step)
+    assert bar.get_metrics(trainer, None) == {"loss": "1.235", "lr": "0.05", "val/acc": 0.5}
 
 
 def test_lightnings_advertisement_is_dropped_and_its_information_kept() -> None:
@@ -191,20 +177,6 @@ def test_lightnings_advertisement_is_dropped_and_its_information_kept() -> None:
         logging.getLogger("lightning.pytorch").removeHandler(handler)
     assert any(m.startswith("GPU available") for m in handler.messages)
     assert not any(m.startswith(LITLOGGER_TIP) for m in handler.messages)
-
-
-@pytest.mark.parametrize("flops", [0, 1_500_000])
-def test_the_model_summary_shows_flops_only_when_counted(flops: int) -> None:
-    handler = Records()
-    logging.getLogger("lightning.pytorch").addHandler(handler)
-    try:
-        columns = [("Name", ["net"]), ("Params", ["2.2 M"]), ("FLOPs", [str(flops)])]
-        ModelSummaryWithFlops.summarize(columns, 2_200_000, 2_200_000, 8.9, {"train": 1, "eval": 0}, flops)
-    finally:
-        logging.getLogger("lightning.pytorch").removeHandler(handler)
-    (table,) = handler.messages
-    assert ("FLOPs" in table.splitlines()[1]) is bool(flops) and ("Total Flops" in table) is bool(flops)
-    assert "Total params" in table
 
 
 def _planned(image_size: int, total_steps: float = 1760) -> SimpleNamespace:

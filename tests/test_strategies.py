@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
@@ -165,13 +166,16 @@ register_strategies()
     ],
 )
 def test_strategy_names_reach_the_template_strategies_on_cpu(name: str, cls: type, options: dict) -> None:
-    trainer = Trainer(strategy=name, accelerator="cpu", devices=2 if name == "fsdp" else 1, logger=False)
+    # By instance: Lightning refuses the name `fsdp` off CUDA (its own FSDP1's); the CLI passes an instance too.
+    trainer = Trainer(
+        strategy=StrategyRegistry.get(name), accelerator="cpu", devices=2 if name == "fsdp" else 1, logger=False
+    )
     assert type(trainer.strategy) is cls
     assert {k: getattr(trainer.strategy, k) for k in options} == options
 
 
 def test_fsdp_strategy_shards_over_every_process_without_tensor_parallelism() -> None:
-    strategy = Trainer(strategy="fsdp", accelerator="cpu", devices=2, num_nodes=1, logger=False).strategy
+    strategy = Trainer(strategy=StrategyRegistry.get("fsdp"), accelerator="cpu", devices=2, logger=False).strategy
     assert strategy._tensor_parallel_size == 1
     assert strategy._save_distributed_checkpoint is False  # one file a single device can read
 

@@ -19,7 +19,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader, Dataset
 
 from project.__main__ import main
-from project.toolkit.callbacks.timing import TimingCallback, batch_size_of
+from project.toolkit.callbacks.timing import TimingCallback
+from project.toolkit.callbacks.timing_report import batch_size_of
 from project.toolkit.measure.summary import (
     EpochRecord,
     FitRecord,
@@ -299,7 +300,7 @@ def test_two_ddp_processes_report_every_rank(tiny_args: list[str], tmp_path: Pat
     assert [e["samples"] for e in report["epochs"]] == [60, 60]
     assert report["train_samples_per_second"] > 0
     assert result.stdout.count("Timing of fit") == 1  # printed by rank 0 only
-    # Ended by os._exit (project/toolkit/process_exit.py), the run's TensorBoard file is whole: the last
+    # Ended by os._exit (project/toolkit/cli/process_exit.py), the run's TensorBoard file is whole: the last
     # epoch's val/acc is in it.
     (events,) = (tmp_path / "lightning_logs" / "version_0").glob("events.out.tfevents.*")
     accumulator = EventAccumulator(str(events))

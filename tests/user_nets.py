@@ -55,3 +55,9 @@ def undeclared_net(num_classes: int, in_channels: int) -> TwoPartNet:
 
 def declared_net(num_classes: int, in_channels: int) -> DeclaredNet:
     return DeclaredNet(num_classes, in_channels)
+
+
+def mismatched_net(num_classes: int, in_channels: int) -> nn.Sequential:
+    """A user's mistake: a classifier whose input size does not match its features, which fails at the first
+    forward pass."""
+    return nn.Sequential(nn.Flatten(1), nn.Linear(7, num_classes))

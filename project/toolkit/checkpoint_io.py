@@ -12,8 +12,8 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from project.toolkit.errors import ProjectError
-from project.toolkit.measure.network import tensor_bytes
-from project.toolkit.preflight import human_bytes
+from project.toolkit.measure.devices import tensor_bytes
+from project.toolkit.measure.tables import human_bytes
 
 # What torch's file writer says when a write fails part-way (a full disk, a file size limit): it reports
 # the short write as a RuntimeError of its own, not as the OSError underneath.

@@ -6,9 +6,11 @@ value and say what is allowed, because it is all the user will see: no traceback
 Anything else is a bug and keeps its traceback.
 """
 
+import argparse
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 
 class ProjectError(Exception):
@@ -21,10 +23,18 @@ class DataError(ProjectError):
 
 @contextmanager
 def exit_on_project_error() -> Iterator[None]:
-    """Turn a :class:`ProjectError` raised inside into its one ``error:`` line and exit status 2 (the
-    ``bench`` and ``compare`` commands; the trainer commands do the same in :func:`project.toolkit.cli.main`)."""
+    """Turn a :class:`ProjectError` raised inside into its one ``error:`` line and exit status 2 (the tool
+    commands; the trainer commands do the same in their own ``main``)."""
     try:
         yield
     except ProjectError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one ``error:`` line (exit 2) instead of usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)

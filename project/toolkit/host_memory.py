@@ -22,7 +22,7 @@ from __future__ import annotations
 import ctypes
 import platform
 
-from project.toolkit.measure.devices import MIB
+MIB = 2**20
 
 # glibc's mallopt() parameter numbers (malloc.h)
 _M_TRIM_THRESHOLD = -1

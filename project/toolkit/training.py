@@ -3,9 +3,7 @@ warmed-up cosine learning-rate schedule and a per-sample mean metric that never 
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
 
 import torch
 from torchmetrics import MeanMetric
@@ -45,23 +43,6 @@ class SampleMean(MeanMetric):
     >>> mean.compute().item()
     3.0
     """
-
-    def _wrap_update(self, update: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
-        # torchmetrics wraps every update to mark the last result stale and count the update, setting both
-        # through nn.Module's __setattr__ inside a grad-mode context: some 35 Python calls an update, two
-        # updates a test step, half of the template's own calls in one (benchmarks/host_calls.py). The same
-        # bookkeeping written into the instance's dict costs only this wrapper's call; the grad mode does not
-        # matter to an update that detaches its input, and this metric has no list states for compute_on_cpu to
-        # move. (A pickled or cloned metric wraps its update again, with its own dict: torchmetrics' __setstate__.)
-        state = vars(self)
-
-        @functools.wraps(update)
-        def counted(values: torch.Tensor) -> None:
-            state["_computed"] = None
-            state["_update_count"] += 1
-            update(values)
-
-        return counted
 
     def update(self, values: torch.Tensor) -> None:  # type: ignore[override]
         # In place: ``self.weight += n`` would also set the attribute again, through nn.Module's

@@ -38,8 +38,7 @@ from project.toolkit.bench.matrix import (
     run_matrix,
 )
 from project.toolkit.bench.report import environment_section, speedups, write_csv, write_markdown
-from project.toolkit.commands import OneLineParser
-from project.toolkit.errors import ProjectError, exit_on_project_error
+from project.toolkit.errors import OneLineParser, ProjectError, exit_on_project_error
 
 __all__ = [
     "MARKER",

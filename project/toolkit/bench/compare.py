@@ -22,8 +22,7 @@ from typing import Any
 from project.toolkit.bench.chart import write_chart_if_possible
 from project.toolkit.bench.config import SINGLE
 from project.toolkit.bench.report import write_csv, write_markdown
-from project.toolkit.commands import OneLineParser
-from project.toolkit.errors import ProjectError, exit_on_project_error
+from project.toolkit.errors import OneLineParser, ProjectError, exit_on_project_error
 
 COMPARE_HELP = "Compare finished runs: their timing.json files into results.{csv,md,png}, as bench writes them."
 TIMING = "timing.json"

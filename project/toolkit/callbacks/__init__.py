@@ -1,4 +1,47 @@
-"""The template's callbacks, one module per concern: :mod:`.checkpoints` (atomic writes, signals, the
-final checkpoint, checks and lookup), :mod:`.guards` (non-finite loss, a lost rank), :mod:`.timing`,
-:mod:`.reproducibility` and :mod:`.predictions`. The CLI turns each on by default (see
-``configs/default.yaml``)."""
+"""The template's callbacks, one module per concern, and the ones every run has (:data:`DEFAULT_CALLBACKS`,
+listed with their reasons in ``configs/default.yaml``)."""
+
+from __future__ import annotations
+
+from lightning.pytorch import Callback
+
+from project.toolkit.callbacks.checkpoints import Checkpoints
+from project.toolkit.callbacks.estimate import CpuTimeEstimate
+from project.toolkit.callbacks.guards import Guards
+from project.toolkit.callbacks.memory_reuse import HostMemoryReuse
+from project.toolkit.callbacks.predictions import PredictionWriter
+from project.toolkit.callbacks.progress import ProgressBar
+from project.toolkit.callbacks.reproducibility import ReseedEveryEpoch
+from project.toolkit.callbacks.run_summary import RunSummary
+from project.toolkit.callbacks.timing import TimingCallback
+from project.toolkit.callbacks.views import TensorBoardViews
+
+# By the name of their options (--timing.*) and of their switch (--callbacks.timing=false).
+DEFAULT_CALLBACKS: dict[str, type[Callback]] = {
+    "checkpoint": Checkpoints,
+    "reseed_every_epoch": ReseedEveryEpoch,
+    "timing": TimingCallback,
+    "tensorboard_views": TensorBoardViews,  # after timing: it reports timing's figures as hparams
+    "guards": Guards,
+    "predictions": PredictionWriter,
+    "progress_bar": ProgressBar,
+    "cpu_time_estimate": CpuTimeEstimate,
+    "host_memory_reuse": HostMemoryReuse,
+    "run_summary": RunSummary,  # after timing: it names the timing.json written at the same hook
+}
+CHECKPOINT_DEFAULTS = {
+    "checkpoint.monitor": "val/acc",
+    "checkpoint.mode": "max",
+    "checkpoint.save_last": True,
+    "checkpoint.filename": "epoch{epoch:03d}-val_acc{val/acc:.4f}",
+    "checkpoint.auto_insert_metric_name": False,
+}
+# The commands a default callback has work in (one not named: every command); it is left out of the others.
+# The checkpoint and reseed callbacks stay in all: their state is in the checkpoint, and Lightning warns of a
+# checkpoint's callback missing from a run that loads it.
+WORKS_IN: dict[str, set[str]] = {"guards": {"fit"}, "cpu_time_estimate": {"fit"}, "predictions": {"predict"}}
+
+
+def left_out_of(command: str) -> set[str]:
+    """The default callbacks with no work in ``command`` (:data:`WORKS_IN`)."""
+    return {name for name, commands in WORKS_IN.items() if command not in commands}

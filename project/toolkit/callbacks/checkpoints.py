@@ -1,10 +1,9 @@
-"""Checkpoints that survive faults: never half-written (:class:`AtomicCheckpoints`), saved when the run
-is told to stop (SIGTERM, Ctrl-C: :class:`CheckpointOnSignal`), holding the final weights
-(:class:`FinalCheckpoint`), checked before use (:func:`check_checkpoint_file`) and found by name
-(``--ckpt_path=last|best``: :func:`find_checkpoint`)."""
+"""The checkpoint family under one switch (:class:`Checkpoints`), and checkpoint files checked and found by
+name (``--ckpt_path=last|best``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -14,128 +13,134 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.toolkit.checkpoint_io import AtomicCheckpointIO
-from project.toolkit.compat import last_global_step_saved
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.strategies.deepspeed import single_device_checkpoint
 
+__all__ = ["AtomicCheckpointIO", "Checkpoints", "check_checkpoint_file", "find_checkpoint"]
+
 log = get_logger(__name__)
+SIGNAL_LOGGER = "lightning.pytorch.trainer.connectors.signal_connector"  # logs "Received SIGTERM: N"
 
 
-class AtomicCheckpoints(Callback):
-    """Installs :class:`AtomicCheckpointIO` on strategies that save one plain torch file.
+class Checkpoints(ModelCheckpoint):
+    """Lightning's ModelCheckpoint (``last.ckpt`` and the best ``val/acc``) that also:
 
-    Strategies with their own writer (XLA's device-aware one, sharded FSDP directories) keep it.
+    - writes every file atomically (:class:`AtomicCheckpointIO`) where the strategy saves one torch file;
+    - saves ``last.ckpt`` when SIGTERM or Ctrl-C stops training, at the step boundary where Lightning stops
+      every rank; the CLI then exits with 128 + the signal (:attr:`signum`). Ctrl-C is turned into that
+      SIGTERM; a second Ctrl-C interrupts at once;
+    - ends training with ``last.ckpt`` holding the final weights, also with ``every_n_train_steps``;
+    - resumes from a checkpoint saved in another run folder without Lightning's "dirpath has changed" warning.
+
+    Args:
+        atomic: Write checkpoints under a temporary name, fsync, then rename.
+        save_on_signal: Save ``last.ckpt`` when SIGTERM or Ctrl-C stops training.
+        kwargs: Lightning's ModelCheckpoint options (``monitor``, ``save_top_k``, ``every_n_train_steps``, ...).
     """
+
+    def __init__(self, *args: Any, atomic: bool = True, save_on_signal: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.atomic, self.save_on_signal = atomic, save_on_signal
+        self.signum: int | None = None
+        self.saved_step: int | None = None  # the global step of the latest save
+        self._previous_sigint: Any = None
+        self._quiet = _DropCtrlCAsSigterm(self)
+
+    @property
+    def last_path(self) -> Path | None:
+        if not self.dirpath:
+            return None
+        return Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+        super().setup(trainer, pl_module, stage)
+        # https://github.com/Lightning-AI/pytorch-lightning/issues/19970: Lightning's save is not atomic.
+        if self.atomic and type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
 
-
-class CheckpointOnSignal(Callback):
-    """Save ``last.ckpt`` when the run is told to stop, so ``fit --ckpt_path=last`` goes on from there.
-
-    SIGTERM is what a preempted cloud VM, ``docker stop``, Kubernetes and SLURM (at the end of a job's
-    time, or on ``scancel``) send before they kill. Lightning then finishes the training step under
-    way on every rank and raises :class:`SIGTERMException`; this callback saves the checkpoint at that
-    step boundary, where the weights, optimizer and loop counters agree. Ctrl-C (SIGINT) is turned into
-    the same SIGTERM, so it too stops cleanly between steps; a second Ctrl-C interrupts at once.
-
-    Attributes:
-        signum: The signal that stopped the run, or None. The CLI exits with ``128 + signum``, the
-            status a shell gives a process killed by that signal, so job schedulers see a stop, not
-            a finished job.
-    """
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous_sigint: Any = None
-
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Not earlier: Lightning records the handlers in place when it sets its own (after on_fit_start)
-        # and puts those back when it ends, which would leave this one installed.
+        super().on_train_start(trainer, pl_module)
+        # Here, not earlier: Lightning puts back the handlers it found when it set its own, after on_fit_start.
         self.signum = None
-        # Only the main thread can set handlers. A process started with Ctrl-C ignored (`nohup`, `cmd &`
-        # in a script) keeps ignoring it, as Python itself does.
-        if (
-            threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
-        ):
+        ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # `nohup`, `cmd &`: keep ignoring it
+        if self.save_on_signal and threading.current_thread() is threading.main_thread() and not ignored:
             self._previous_sigint = signal.signal(signal.SIGINT, self._sigint_to_sigterm)
+            logging.getLogger(SIGNAL_LOGGER).addFilter(self._quiet)
 
     def _sigint_to_sigterm(self, signum: int, frame: FrameType | None) -> None:
         signal.signal(signal.SIGINT, self._previous_sigint)  # a second Ctrl-C: KeyboardInterrupt at once
         self.signum = signal.SIGINT
         log.warning("Ctrl-C: finishing this step and saving a checkpoint (Ctrl-C again to stop at once)")
-        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler takes it from here, on every rank
+        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler stops every rank at the step's end
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self.saved_step = trainer.global_step
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._restore_sigint()  # Lightning calls no teardown hook after an exception
-        if not isinstance(exception, SIGTERMException) or not trainer.training:
+        if not (isinstance(exception, SIGTERMException) and trainer.training):
+            super().on_exception(trainer, pl_module, exception)
             return
         self.signum = self.signum or signal.SIGTERM
-        checkpoint = trainer.checkpoint_callback
-        folder = Path(checkpoint.dirpath) if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath else None
-        if folder is None:
-            log.warning("Stopped by %s; no ModelCheckpoint folder to save into", signal.Signals(self.signum).name)
+        name = signal.Signals(self.signum).name
+        if not (self.save_on_signal and self.dirpath):
+            log.warning("Stopped by %s; no checkpoint saved (checkpoint.save_on_signal is off)", name)
             return
-        path = folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
-        trainer.save_checkpoint(path, weights_only=False)  # on every rank: saving is collective under fsdp
+        # On every rank: saving is collective under fsdp.
+        OnExceptionCheckpoint(self.dirpath, self.CHECKPOINT_NAME_LAST).on_exception(trainer)
         log.warning(
             "Stopped by %s at epoch %d, step %d; saved %s. Resume with the same command and --ckpt_path=last",
-            signal.Signals(self.signum).name,
+            name,
             trainer.current_epoch,
             trainer.global_step,
-            path,
+            self.last_path,
         )
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # ModelCheckpoint saves last.ckpt on its own schedule: with every_n_train_steps it may be up to N-1 steps
+        # old at the end, and test --ckpt_path=last would test those weights.
+        if self.save_last and self.dirpath and self.saved_step not in (None, trainer.global_step):
+            trainer.save_checkpoint(self.last_path, weights_only=self.save_weights_only)
+            self.last_model_path = str(self.last_path)
+        super().on_train_end(trainer, pl_module)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._restore_sigint()
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
+            super().load_state_dict(state_dict)
+        else:  # resumed into a new run folder: only the best checkpoint's path carries over
+            self.best_model_path = state_dict["best_model_path"]
+
     def _restore_sigint(self) -> None:
+        logging.getLogger(SIGNAL_LOGGER).removeFilter(self._quiet)
         if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, self._previous_sigint)
             self._previous_sigint = None
 
 
-class FinalCheckpoint(Callback):
-    """Make ``last.ckpt`` hold the weights training ended with.
+class _DropCtrlCAsSigterm(logging.Filter):
+    """Lightning's "Received SIGTERM" line for the SIGTERM a Ctrl-C was turned into: the callback says Ctrl-C."""
 
-    ModelCheckpoint writes ``last.ckpt`` on its own schedule only: with
-    ``--checkpoint.every_n_train_steps=N`` it no longer saves at epoch ends, so a run whose length is
-    not a multiple of N would end with a ``last.ckpt`` up to N - 1 steps old, and
-    ``test --ckpt_path=last`` would test those older weights.
-    """
+    def __init__(self, checkpoints: Checkpoints) -> None:
+        super().__init__()
+        self.checkpoints = checkpoints
 
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        checkpoint = trainer.checkpoint_callback
-        if not isinstance(checkpoint, ModelCheckpoint) or not checkpoint.save_last or not checkpoint.dirpath:
-            return
-        if last_global_step_saved(checkpoint) == trainer.global_step:
-            return  # saved at this step already
-        path = Path(checkpoint.dirpath) / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
-        # weights_only as ModelCheckpoint would (Lightning logs a line when it is not given)
-        trainer.save_checkpoint(path, weights_only=checkpoint.save_weights_only)
-        # ModelCheckpoint's own train-end save of a run that saved nothing before (no validation) then
-        # writes this same file, instead of a second one named last-v1.ckpt beside it.
-        checkpoint.last_model_path = str(path)
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.checkpoints.signum == signal.SIGINT and "Received SIGTERM" in record.getMessage())
 
 
 def check_checkpoint_file(path: str | Path, num_classes: int | None = None) -> dict[str, Any] | None:
-    """Raise a one-line :class:`ProjectError` naming ``path`` unless it is a loadable Lightning
-    checkpoint (a file with a ``state_dict``) or a sharded checkpoint folder, and, given
-    ``num_classes``, one of a model with that many classes (another task's classifier head would
-    otherwise fail deep inside ``load_state_dict``). Returns the file's checkpoint, for the checks that
-    follow; None for a folder.
-
-    Cheap: the file is memory-mapped, not read into memory.
-    """
+    """A one-line :class:`ProjectError` naming ``path`` unless it is a loadable Lightning checkpoint (or a
+    sharded checkpoint folder) of a model with ``num_classes`` classes; returns the checkpoint (None for a
+    folder). The file is memory-mapped, not read."""
     path = Path(path)
     if path.is_dir():
         if not (path / ".metadata").is_file() and not (path / "meta.pt").is_file():
@@ -162,11 +167,8 @@ def check_checkpoint_file(path: str | Path, num_classes: int | None = None) -> d
 
 
 def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False) -> str | None:
-    """The ``last.ckpt`` of the newest run under ``runs_root``, or that run's best checkpoint.
-
-    With ``allow_none`` (``fit --ckpt_path=last`` before any run: start from scratch) a missing
-    checkpoint returns None; otherwise it is an error.
-    """
+    """The ``last.ckpt`` of the newest run under ``runs_root``, or that run's best checkpoint; None where
+    there is none and ``allow_none`` (``fit --ckpt_path=last`` before any run)."""
     runs = sorted(runs_root.glob("version_*/checkpoints/last.ckpt"), key=_version_number)
     if not runs:
         if allow_none:
@@ -181,7 +183,7 @@ def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False) -> st
         log.info("--ckpt_path=last: %s", last)
         return str(last)
     state = torch.load(single_device_checkpoint(last), map_location="cpu", weights_only=False).get("callbacks", {})
-    best = next((s.get("best_model_path") for k, s in state.items() if k.startswith("ModelCheckpoint")), None)
+    best = next((s["best_model_path"] for s in state.values() if isinstance(s, dict) and "best_model_path" in s), None)
     if best == "":  # ranked nothing: a run without validation (data.val_size=0) keeps last.ckpt only
         log.warning("--ckpt_path=best: the run of %s ranked no checkpoint (no validation); using its last.ckpt", last)
         return str(last)

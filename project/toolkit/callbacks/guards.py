@@ -1,6 +1,5 @@
-"""Guards that stop a run which can no longer do useful work, saying why: a non-finite loss
-(:class:`FiniteLossGuard`), a rank of a multi-process run that died (:class:`LostRankWatchdog`), and
-memory running out (:func:`out_of_memory_message`, the one line the CLI prints instead of the traceback)."""
+"""Stop a run that can no longer do useful work, saying why: a non-finite loss or a dead rank (:class:`Guards`),
+memory running out (:func:`out_of_memory_message`, the line the CLI prints instead of the traceback)."""
 
 from __future__ import annotations
 
@@ -19,12 +18,11 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from project.toolkit.callbacks.summary import shown_path
-from project.toolkit.compat import is_subprocess_script_launcher, last_global_step_saved
+from project.toolkit.callbacks.run_summary import shown_path
 from project.toolkit.dotted import section_args
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
-from project.toolkit.preflight import human_bytes
+from project.toolkit.measure.tables import human_bytes
 
 log = get_logger(__name__)
 
@@ -67,36 +65,42 @@ def out_of_memory_message(error: BaseException, data_config: Any = None) -> str 
     return None
 
 
-class LostRankWatchdog(Callback):
-    """Stop a multi-process run within seconds when one of its processes dies, and say which.
+class Guards(Callback):
+    """Stops training at the first NaN or infinite loss, and a multi-process run within seconds of one of its
+    processes dying, saying which and what was saved.
 
-    Under ddp/fsdp every step waits for all ranks, so one rank killed (out of memory, a hardware
-    fault, ``kill -9``) leaves the others waiting in a collective: on CPU (gloo) they fail at once
-    with a bare "Connection reset by peer", on GPUs (NCCL) they may hang until a 10-30 minute timeout.
-    For the processes Lightning starts on one machine (``--trainer.devices=N``) a thread watches them:
-    the first process (rank 0) watches the ranks it started, and each of those watches rank 0. When
-    one is gone, the watcher prints ``error: rank R of N died (...)`` and ends its own machine's
-    processes, exiting 1; the line says what was saved (``last.ckpt`` and its step: saves are atomic, so
-    it is whole) and how to resume (``--ckpt_path=last``). Under torchrun, SLURM or several machines, the launcher
-    reports a failed rank itself; this does nothing there.
+    The loss is read one step late, from an asynchronous copy into pinned host memory on CUDA, so the check
+    costs no wait for the device; before any checkpoint is written and at the end it checks the latest loss.
+    For the processes Lightning starts on one machine (``--trainer.devices=N``), a thread in rank 0 watches the
+    ranks it started and each of those watches rank 0 (ranks blocked in a collective would otherwise wait for
+    a timeout); under torchrun or SLURM the launcher reports a failed rank itself.
+
+    Args:
+        finite_loss: Stop at the first non-finite training loss.
+        lost_rank: Stop every process when one of the run's processes dies.
+        poll_seconds: How often the lost-rank watcher looks.
     """
 
-    def __init__(self, poll_seconds: float = 1.0) -> None:
-        self.poll_seconds = poll_seconds
+    def __init__(self, finite_loss: bool = True, lost_rank: bool = True, poll_seconds: float = 1.0) -> None:
+        self.finite_loss, self.lost_rank, self.poll_seconds = finite_loss, lost_rank, poll_seconds
+        self._pending: tuple[torch.Tensor, torch.cuda.Event | None, int, int] | None = None
+        self._host: torch.Tensor | None = None
         self._children: list[subprocess.Popen] = []
         self._parent: tuple[int, int] | None = None  # (pid, global rank) of the process that started this one
         self._rank, self._world = 0, 1
         self._checkpoint: Callback | None = None
         self._stop = threading.Event()
 
+    # -- a lost rank -----------------------------------------------------------------------------
+
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        launcher = trainer.strategy.launcher
-        if trainer.world_size < 2 or not is_subprocess_script_launcher(launcher):
+        procs = getattr(trainer.strategy.launcher, "procs", None)  # Lightning's subprocess launcher's children
+        if not self.lost_rank or trainer.world_size < 2 or procs is None:
             return
         self._rank, self._world = trainer.global_rank, trainer.world_size
         self._checkpoint = trainer.checkpoint_callback
         if trainer.local_rank == 0:
-            self._children = list(launcher.procs)
+            self._children = list(procs)
         else:
             self._parent = (os.getppid(), trainer.global_rank - trainer.local_rank)
         self._stop.clear()
@@ -110,8 +114,8 @@ class LostRankWatchdog(Callback):
             self.stop_if_lost()
 
     def stop_if_lost(self, wait_seconds: float = 0.0) -> None:
-        """If a watched process is gone (looking again for up to ``wait_seconds``), say so and exit.
-        The CLI calls this when a collective operation fails, to name the rank behind the failure."""
+        """If a watched process is gone (looking again for up to ``wait_seconds``), say so and exit; the CLI
+        calls this when a collective fails, to name the rank behind the failure."""
         deadline = time.monotonic() + wait_seconds
         while True:
             lost = self._lost()
@@ -132,10 +136,9 @@ class LostRankWatchdog(Callback):
         last = Path(checkpoint.dirpath) / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
         if not last.is_file():
             return "Nothing was saved yet: run the same command again to start over"
-        return (
-            f"Saved: {shown_path(last)} (step {last_global_step_saved(checkpoint)}); resume with the same command "
-            "and --ckpt_path=last"
-        )
+        step = getattr(checkpoint, "saved_step", None)
+        at = f" (step {step})" if step is not None else ""
+        return f"Saved: {shown_path(last)}{at}; resume with the same command and --ckpt_path=last"
 
     def _lost(self) -> str | None:
         for local_rank, child in enumerate(self._children, start=1):
@@ -147,38 +150,25 @@ class LostRankWatchdog(Callback):
             return f"rank {self._parent[1]} of {self._world}, which started this process, died"
         return None
 
-
-class FiniteLossGuard(Callback):
-    """Stop training at the first NaN or infinite training loss, saying where.
-
-    Checking a loss means reading it on the host, and a plain read on a GPU waits for every kernel
-    queued so far, this step's too. So on CUDA the guard starts an asynchronous copy of each step's
-    loss into pinned host memory and reads it one step later, waiting only for that copy (an event),
-    which is done by then: the check costs no stall. Before any checkpoint is written, and at the
-    end of training, it checks the latest loss too: nothing is ever saved from a bad step.
-    """
-
-    def __init__(self) -> None:
-        self._pending: tuple[torch.Tensor, torch.cuda.Event | None, int, int] | None = None
-        self._host: torch.Tensor | None = None
+    # -- a non-finite loss -----------------------------------------------------------------------
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if not self.finite_loss:
+            return
         self._check()
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
             copied = None
             loss = loss.detach()
-            if loss.is_cuda:
-                # one pinned buffer for the whole run: _check above has read (and waited for) its last copy
+            if loss.is_cuda:  # one pinned buffer for the run: _check above has waited for its last copy
                 if self._host is None or self._host.shape != loss.shape or self._host.dtype != loss.dtype:
                     self._host = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
-                host = self._host
-                host.copy_(loss, non_blocking=True)
+                self._host.copy_(loss, non_blocking=True)
                 copied = torch.cuda.Event()
                 copied.record()
-                loss = host
+                loss = self._host
             # global_step already counts this step: it is the step's number, counted from 1
             self._pending = (loss, copied, trainer.global_step, trainer.current_epoch)
 

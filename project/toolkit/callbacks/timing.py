@@ -46,28 +46,37 @@ its stage's keys and the run's environment (:mod:`project.toolkit.measure.enviro
 
 from __future__ import annotations
 
-import json
-import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities.data import extract_batch_size
-from torch import nn
 
-from project.toolkit.compat import lightning_log_step
-from project.toolkit.data.datamodule import data_settings, image_channels
+from project.toolkit.callbacks.timing_report import (
+    all_gather,
+    batch_size_of,
+    counted,
+    epoch_end_step,
+    gather_bubble,
+    log_scalars,
+    optimizer_state_bytes,
+    run_description,
+    sample_copies,
+    update_timing_json,
+)
 from project.toolkit.data.input_path import data_wait_advice, machine_of
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
-from project.toolkit.measure import anatomy, block_times, flops, probes
-from project.toolkit.measure.devices import CudaEventClock, DeviceClock, HostClock, device_clock, peak_memory_mb
+from project.toolkit.measure import anatomy, flops, probes
+from project.toolkit.measure.devices import (
+    CudaEventClock,
+    DeviceClock,
+    HostClock,
+    device_clock,
+    peak_memory_mb,
+)
 from project.toolkit.measure.environment import run_environment
-from project.toolkit.measure.network import network_profile, tensor_bytes
 from project.toolkit.measure.recorders import InferenceRecorder, TrainRecorder
 from project.toolkit.measure.stats import clean
 from project.toolkit.measure.summary import (
@@ -79,6 +88,8 @@ from project.toolkit.measure.summary import (
     summarise_fit,
     summarise_inference,
 )
+from project.toolkit.plan import block_times
+from project.toolkit.plan.network import network_profile
 from project.toolkit.strategies.blocks import checked_blocks_or_none
 
 log = get_logger(__name__)
@@ -105,7 +116,7 @@ class TimingCallback(Callback):
             Only inside these steps is anything more marked, and the device waited for at their two ends.
         block_times: After a single-device fit, time each of the network's declared blocks, forward and
             backward, at the batch size and a quarter of it (``network.block_seconds``, what
-            ``python -m project plan`` predicts a pipeline from; :mod:`project.toolkit.measure.block_times`).
+            ``python -m project plan`` predicts a pipeline from; :mod:`project.toolkit.plan.block_times`).
             It costs about as much as 2-3 training steps, once, after the last one.
 
     Attributes:
@@ -152,11 +163,11 @@ class TimingCallback(Callback):
         self._device = trainer.strategy.root_device
         self._clock = self.make_clock(self._device, self.sync_every_step)
         if self._flops is None:  # before any strategy wraps or shards the network
-            self._flops = _counted(trainer, pl_module, flops.model_flops_per_sample)
+            self._flops = counted(trainer, pl_module, flops.model_flops_per_sample)
         if stage == "fit" and self._network is None:  # what python -m project plan needs of the network
             self._blocks = checked_blocks_or_none(pl_module)
             units = [(block.name, block.module) for block in self._blocks] if self._blocks else None
-            self._network = _counted(trainer, pl_module, network_profile, blocks=units)
+            self._network = counted(trainer, pl_module, network_profile, blocks=units)
         if stage == "fit":  # the clock of fit_seconds starts here: the data is set up, the model not yet
             self._train = TrainRecorder(self._clock, self._clock.wait())
             self._epochs = []
@@ -208,10 +219,10 @@ class TimingCallback(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._anatomy.epoch_ended()
         records = self._gather(trainer, self._train.end_epoch(self._clock.wait()))
-        bubble = _gather_bubble(trainer, "epoch")
+        bubble = gather_bubble(trainer, "epoch")
         if not trainer.is_global_zero:
             return
-        epoch = summarise_epoch(trainer.current_epoch, [r for r, _ in records], _sample_copies(trainer))
+        epoch = summarise_epoch(trainer.current_epoch, [r for r, _ in records], sample_copies(trainer))
         self._epochs.append(epoch)
         work = self._work(trainer, "train", epoch["samples_per_second"])
         metrics = {
@@ -225,11 +236,11 @@ class TimingCallback(Callback):
         labels, memory = memory_entries([m for _, m in records], self._device.type)
         metrics.update({f"memory/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
         metrics.update({f"time/bubble_fraction/rank{rank}": value for rank, value in enumerate(bubble or [])})
-        _log_scalars(trainer, metrics, step=_epoch_end_step(trainer))
+        log_scalars(trainer, metrics, step=epoch_end_step(trainer))
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         records = self._gather(trainer, self._train.fit_record(self._clock.wait(), self.warmup_iterations))
-        bubble = _gather_bubble(trainer, "fit")
+        bubble = gather_bubble(trainer, "fit")
         step_anatomy = self._gather_anatomy(trainer)
         log_dir = trainer.log_dir  # every rank must ask: Lightning broadcasts it from rank 0
         if not trainer.is_global_zero:
@@ -245,10 +256,12 @@ class TimingCallback(Callback):
         if step_anatomy is not None:  # where each rank's step time went, over a window of steady steps
             report["step_anatomy"] = step_anatomy
         if self._network is not None:
-            report["network"] = {**self._network, "optimizer_state_bytes": _optimizer_state_bytes(trainer)}
+            report["network"] = {**self._network, "optimizer_state_bytes": optimizer_state_bytes(trainer)}
             # After the fit, so no step is touched; python -m project plan predicts a pipeline from it.
             if self.block_times and self._blocks:
-                times = block_times.probe_after_fit(trainer, pl_module, self._blocks, self._images_like)
+                times = block_times.probe_after_fit(
+                    trainer, pl_module, [b.module for b in self._blocks], self._images_like
+                )
                 if times is not None:
                     report["network"]["block_seconds"] = times
         scalars = {f"time/summary/{k}": v for k, v in report.items() if isinstance(v, float)}
@@ -256,7 +269,7 @@ class TimingCallback(Callback):
             scalars.update({f"time/step_anatomy/{k}/rank{rank}": v for k, v in parts.items() if k in anatomy.FIELDS})
         scalars.update({f"time/summary/bubble_fraction/rank{r}": v for r, v in enumerate(bubble or [])})
         scalars.update({f"memory/summary/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
-        self._publish(trainer, log_dir, report, scalars, step=_epoch_end_step(trainer), title="fit")
+        self._publish(trainer, log_dir, report, scalars, step=epoch_end_step(trainer), title="fit")
         path = getattr(trainer.datamodule, "input_path", None)
         advice = path and data_wait_advice(report["data_wait_fraction"], path, machine_of(trainer))
         if advice:  # over a tenth of the epoch: say so, and what would help
@@ -301,7 +314,7 @@ class TimingCallback(Callback):
         if not trainer.is_global_zero:
             return
         labels, memory = memory_entries([m for _, m in records], self._device.type)
-        summary = summarise_inference(stage, [r for r, _ in records], _sample_copies(trainer))
+        summary = summarise_inference(stage, [r for r, _ in records], sample_copies(trainer))
         report = {**run_description(trainer, pl_module), **summary}
         work = self._work(trainer, "inference", report[f"{stage}_samples_per_second"])
         report.update({f"{stage}_tflops_per_second": work["inference_tflops_per_second"], f"{stage}_mfu": work["mfu"]})
@@ -311,7 +324,7 @@ class TimingCallback(Callback):
         for key in ("sample_latency_ms", "samples_per_second", "tflops_per_second", "mfu"):
             scalars[f"time/{stage}/{key}"] = report[f"{stage}_{key}"]
         scalars.update({f"memory/{stage}/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
-        self._publish(trainer, log_dir, report, scalars, step=lightning_log_step(trainer), title=stage)
+        self._publish(trainer, log_dir, report, scalars, step=trainer.global_step, title=stage)
 
     # -- shared ------------------------------------------------------------------------------
 
@@ -339,7 +352,7 @@ class TimingCallback(Callback):
         """TFLOP/s achieved by all devices at ``samples_per_second``, the peak used and the MFU."""
         per_sample = (self._flops or {}).get(kind)
         achieved = per_sample * samples_per_second / 1e12 if per_sample and samples_per_second else None
-        peak = self.peak_tflops or _device_peak_tflops(self._device, str(trainer.precision))
+        peak = self.peak_tflops or flops.device_peak_tflops(self._device, str(trainer.precision))
         devices = trainer.num_devices * trainer.num_nodes
         total_peak = peak * devices if peak else None
         mfu = flops.mfu(achieved, total_peak)
@@ -356,7 +369,7 @@ class TimingCallback(Callback):
         title: str,
     ) -> None:
         """Rank 0: TensorBoard scalars, the merged ``timing.json`` and the printed table."""
-        _log_scalars(trainer, scalars, step)
+        log_scalars(trainer, scalars, step)
         report = {**report, "model_flops_per_sample": self._flops, "environment": run_environment()}
         if plan := getattr(trainer.strategy, "parallel_plan", None):  # fsdp's units, pipeline's stages
             report["parallel_plan"] = plan
@@ -365,147 +378,3 @@ class TimingCallback(Callback):
         else:
             self.report = report
         print(format_table(report, title), flush=True)
-
-
-# Counts of a network (FLOPs, sizes) by what counts it, network structure and input: a process that runs fit,
-# then test (or a test suite that runs many short fits) counts each network once.
-_COUNTED: dict[tuple, Any] = {}
-
-
-def _counted(trainer: Trainer, pl_module: LightningModule, count: Callable[..., dict[str, Any]], **extra: Any) -> Any:
-    """``count(net, image_size=..., channels_last=..., in_channels=..., **extra)`` of ``pl_module.net`` as the data
-    feeds it (:func:`~project.toolkit.measure.flops.model_flops_per_sample`,
-    :func:`~project.toolkit.measure.network.network_profile`), once per network and input; rank 0 only (it
-    alone reports them), None where unknown (a module without ``net``, data without ``image_size``)."""
-    net = getattr(pl_module, "net", None)
-    image_size = data_settings(trainer).get("image_size")
-    if not trainer.is_global_zero or not isinstance(net, nn.Module) or not image_size:
-        return None
-    hparams = pl_module.hparams
-    feed = {
-        "image_size": image_size,
-        "channels_last": bool(hparams.get("channels_last")),
-        "in_channels": image_channels(trainer),
-    }
-    shapes = tuple((name, tuple(p.shape)) for name, p in net.named_parameters())
-    key = (count.__name__, type(net).__qualname__, shapes, *feed.values())
-    if key not in _COUNTED:
-        _COUNTED[key] = count(net, **feed, **extra)
-    return _COUNTED[key]
-
-
-def _optimizer_state_bytes(trainer: Trainer) -> int:
-    """Bytes of this rank's optimizer state (momentum, Adam's moments, ...), at the fit's end."""
-    return sum(tensor_bytes(optimizer.state) for optimizer in trainer.optimizers)
-
-
-def _sample_copies(trainer: Trainer) -> int:
-    """How many ranks see each sample: 1, or every stage of a pipeline (which then counts it once)."""
-    return getattr(trainer.strategy, "sample_copies", 1)
-
-
-def _gather_bubble(trainer: Trainer, scope: str) -> list[float] | None:
-    """Every rank's measured pipeline bubble over the epoch or the fit (the strategy's
-    ``bubble_fraction``), None for a strategy without one; a collective where there is one."""
-    measure = getattr(trainer.strategy, "bubble_fraction", None)
-    if measure is None:
-        return None
-    value = measure(scope)
-    local = torch.tensor([math.nan if value is None else value], device=trainer.strategy.root_device)
-    return [float(v) for v in all_gather(trainer.strategy)(local).reshape(-1).cpu()]
-
-
-def all_gather(strategy: Any) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The strategy's ``all_gather`` (every rank's tensor, stacked), through torch.distributed's own
-    collective where a process group runs: Lightning's goes through the deprecated
-    ``torch.distributed.nn.functional.all_gather`` (with autograd, unneeded here), which warns on every
-    multi-process run. XLA keeps its strategy's."""
-
-    def gather(tensor: torch.Tensor) -> torch.Tensor:
-        if not (dist.is_available() and dist.is_initialized()) or strategy.root_device.type == "xla":
-            return strategy.all_gather(tensor)
-        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, tensor.contiguous())
-        return torch.stack(parts)
-
-    return gather
-
-
-def _device_peak_tflops(device: torch.device, precision: str) -> float | None:
-    """The dense peak of a CUDA device at ``precision`` from the table of known GPUs; None elsewhere.
-    float32 convolutions count at the TF32 rate when cuDNN is allowed to use it (torch's default)."""
-    if device.type != "cuda":
-        return None
-    return flops.peak_tflops(torch.cuda.get_device_name(device), precision, tf32=flops.convolutions_use_tf32())
-
-
-def _log_scalars(trainer: Trainer, metrics: dict[str, float | None], step: int) -> None:
-    """Rank 0 writes straight to the loggers: ``self.log`` is not allowed in the end hooks, and
-    would average across ranks where the slowest rank is wanted."""
-    present = {k: v for k, v in metrics.items() if v is not None and not math.isnan(v)}
-    for logger in trainer.loggers:
-        logger.log_metrics(present, step=step)
-
-
-def _epoch_end_step(trainer: Trainer) -> int:
-    """The x of a training epoch's figures: the step Lightning logs the epoch's ``train/acc`` and
-    ``val/acc`` at (its last optimizer step), so time and memory share the loss curves' axis."""
-    return max(lightning_log_step(trainer) - 1, 0)
-
-
-def _short_name(obj: object, suffix: str) -> str:
-    """``DDPStrategy`` -> ``ddp``, ``CUDAAccelerator`` -> ``cuda``; a registered name if the class has one."""
-    registered = getattr(type(obj), "strategy_name", None)
-    return registered or type(obj).__name__.removesuffix(suffix).lower()
-
-
-def run_description(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
-    """What was run: the settings a reader needs to compare two ``timing.json`` files."""
-    datamodule_hparams = data_settings(trainer)
-    return {
-        "strategy": _short_name(trainer.strategy, "Strategy"),
-        "accelerator": _short_name(trainer.accelerator, "Accelerator"),
-        "devices": trainer.num_devices,
-        "num_nodes": trainer.num_nodes,
-        "world_size": trainer.world_size,
-        "arch": pl_module.hparams.get("arch"),
-        "image_size": datamodule_hparams.get("image_size"),
-        "batch_size": datamodule_hparams.get("batch_size"),  # global: the data module splits it across ranks
-        "precision": str(trainer.precision),
-        **input_description(trainer),
-    }
-
-
-def input_description(trainer: Trainer) -> dict[str, Any]:
-    """The input path the run's data module took (``on_device`` or ``dataloader``), its DataLoader
-    workers and why; nothing for data that is not such a module."""
-    path = getattr(trainer.datamodule, "input_path", None)
-    if path is None:
-        return {}
-    return {"input_path": path.name, "num_workers": path.num_workers, "input_path_reason": path.reason}
-
-
-def update_timing_json(path: Path, report: dict[str, Any]) -> dict[str, Any]:
-    """Merge ``report`` into the JSON file at ``path`` (fit and test each add their keys) and
-    return the merged content. Written under a temporary name and renamed, so a reader (the
-    bench) never sees half a file."""
-    merged = json.loads(path.read_text()) if path.is_file() else {}
-    merged.update(report)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(merged, indent=2) + "\n")
-    os.replace(temporary, path)
-    return merged
-
-
-def batch_size_of(batch: Any) -> int:
-    """The number of samples in ``batch``: the length of its first tensor where it is a tuple or list starting
-    with one, as a data set's batches are (``(images, labels)``); else Lightning's ``extract_batch_size``,
-    which walks any collection for a tensor at some 20 Python calls a batch.
-
-    >>> batch_size_of((torch.zeros(5, 3), torch.zeros(5))), batch_size_of({"x": torch.zeros(2, 4)})
-    (5, 2)
-    """
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) and batch[0].ndim:
-        return batch[0].shape[0]  # not len(): Tensor.__len__ is Python, with checks of its own
-    return extract_batch_size(batch)

@@ -15,7 +15,7 @@ charts of one row line up; Lightning's ``epoch`` scalar, whose chart TensorBoard
 What TensorBoard does not let a run choose: the tab it opens on (the SCALARS tab; the end-of-run summary
 and ``make tensorboard`` give the address of the CUSTOM SCALARS tab, ``http://localhost:6006/#custom_scalars``),
 and the colours of the runs. A run's name is its folder; ``make tensorboard`` names each run by its
-setup instead (:func:`project.toolkit.run_dirs.tensorboard_logdir_spec`).
+setup instead (:func:`project.toolkit.cli.run_dirs.tensorboard_logdir_spec`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from project.toolkit.callbacks.timing import TimingCallback, run_description
-from project.toolkit.compat import drop_placeholder_hp_metric, lightning_log_step
+from project.toolkit.callbacks.timing import TimingCallback
+from project.toolkit.callbacks.timing_report import run_description
 from project.toolkit.data.datamodule import data_settings
 
 # Category title -> chart title -> the tags (regular expressions) it overlays.
@@ -64,10 +64,8 @@ class TensorBoardViews(Callback):
     without a TensorBoardLogger."""
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        for logger in _tensorboard_loggers(trainer):
-            drop_placeholder_hp_metric(logger)  # before Lightning logs the hyperparameters
-            drop_epoch_scalar(logger)
-            if trainer.is_global_zero:
+        if trainer.is_global_zero:
+            for logger in _tensorboard_loggers(trainer):
                 logger.experiment.add_custom_scalars(_summary_writer_layout())
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -78,23 +76,9 @@ class TensorBoardViews(Callback):
         if not metrics:  # no validation and no timing: nothing to compare runs by
             return
         params = run_hparams(trainer, pl_module)
-        step = max(lightning_log_step(trainer) - 1, 0)  # the step of the last epoch's val/acc
+        step = max(trainer.global_step - 1, 0)  # the step of the last epoch's val/acc
         for logger in loggers:
             logger.log_hyperparams(params, metrics=metrics, step=step)
-
-
-def drop_epoch_scalar(logger: TensorBoardLogger) -> None:
-    """Leave out the ``epoch`` scalar Lightning adds to every write: its chart (a staircase of the epoch
-    number) was the first TensorBoard opened on, and every chart here is against the global step."""
-    if getattr(logger.log_metrics, "drops_epoch", False):
-        return
-    log_metrics = logger.log_metrics
-
-    def without_epoch(metrics: dict[str, Any], step: int | None = None) -> None:
-        log_metrics({key: value for key, value in metrics.items() if key != "epoch"}, step)
-
-    without_epoch.drops_epoch = True  # type: ignore[attr-defined]
-    logger.log_metrics = without_epoch  # type: ignore[method-assign]
 
 
 def _summary_writer_layout() -> dict[str, dict[str, list[Any]]]:

@@ -5,9 +5,8 @@ callback through the strategy's ``bubble_fraction``)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -42,18 +41,26 @@ class BubbleMeter:
             return event
         return time.perf_counter()
 
-    def timed(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """``function`` with its calls counted as compute."""
+    @contextlib.contextmanager
+    def compute(self) -> Iterator[None]:
+        """Time the body as the stage's compute."""
+        with self._observed("stage_compute"):
+            start = self._mark()
+            yield
+            self._compute.append((start, self._mark()))
 
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self._observed("stage_compute"):
-                start = self._mark()
-                result = function(*args, **kwargs)
-                self._compute.append((start, self._mark()))
-            return result
+    def timed_loss(self, loss: Callable[..., Any]) -> Callable[..., Any]:
+        """``loss`` with its calls counted as compute (a pipeline's last stage computes it per micro-batch)."""
 
-        return wrapper
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with self.compute():
+                return loss(*args, **kwargs)
+
+        return timed
+
+    def communication(self) -> Any:
+        """Time the body as a communication wait of the step anatomy's window, while it is open."""
+        return self.observer.waiting() if self.observer is not None else contextlib.nullcontext()
 
     def step(self, run: Callable[[], Any]) -> Any:
         """Run one training step of the schedule, timed."""

@@ -167,3 +167,19 @@ def _xla_peak_mb(device: torch.device) -> float:
     except Exception:  # runtimes without memory statistics (the XLA CPU client) raise here
         return math.nan
     return peak / MIB if peak is not None else math.nan
+
+
+def tensor_bytes(obj: Any) -> int:
+    """The bytes of every tensor in a (nested) dict, list or tuple: a unit's output, an optimizer's state,
+    a checkpoint (about the size of its file).
+
+    >>> tensor_bytes({"a": torch.zeros(4), "b": [torch.zeros(2, dtype=torch.float64), 3]})
+    32
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0

@@ -1,5 +1,5 @@
-"""Where a figure was taken: the machine in one line (:func:`machine_description`), and the full record a
-published result needs to be compared or reproduced (:func:`run_environment`)."""
+"""Where a figure was taken: the machine in one line (:func:`machine_description`) and the record a published
+result needs to be compared or reproduced (:func:`run_environment`), read mostly through ``torch.utils.collect_env``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils import collect_env
 
 from project.toolkit.host_memory import host_allocator
 
@@ -20,7 +21,7 @@ GIT_TIMEOUT_S = 5.0  # git on a slow network file system should not hold up a re
 
 
 def machine_description() -> str:
-    """The machine a measurement ran on, in one line (no host name): system, CPU cores, GPUs, torch.
+    """The machine in one line (no host name): system, CPU cores, GPUs, torch.
 
     >>> "torch" in machine_description()
     True
@@ -29,8 +30,8 @@ def machine_description() -> str:
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
     )
     accelerators = f"{len(gpus)} x {gpus[0]}" if gpus else "no GPU"
-    cores = usable_cores()
-    return f"{platform.system()} {platform.machine()}, {cores} CPU cores, {accelerators}, torch {torch.__version__}"
+    system = f"{platform.system()} {platform.machine()}"
+    return f"{system}, {usable_cores()} CPU cores, {accelerators}, torch {torch.__version__}"
 
 
 def usable_cores() -> int:
@@ -39,20 +40,11 @@ def usable_cores() -> int:
 
 
 def cpu_model() -> str:
-    """The CPU's name: ``model name`` of ``/proc/cpuinfo`` on Linux (``platform.processor()`` there is only
-    the architecture), else what ``platform`` knows.
-
-    >>> isinstance(cpu_model(), str)
-    True
-    """
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and value.strip():
-                    return value.strip()
-    except OSError:  # not Linux
-        pass
+    """The CPU's name, from ``lscpu`` where there is one (``platform.processor()`` is only the architecture)."""
+    for line in (collect_env.get_cpu_info(collect_env.run) or "").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Model name" and value.strip():
+            return value.strip()
     return platform.processor() or platform.machine() or "unknown"
 
 
@@ -62,13 +54,8 @@ def template_root() -> Path:
 
 
 def git_state(repo: Path) -> tuple[str | None, bool | None]:
-    """``(commit, dirty)`` of the git checkout at ``repo``; ``(None, None)`` when ``repo`` is not the top of a
-    checkout (e.g. the package was installed into site-packages, which may lie inside some other repository),
-    git is missing, or it does not answer within :data:`GIT_TIMEOUT_S`.
-
-    Dirty means a tracked file differs from the commit. Untracked files do not count: runs, logs and
-    results are written into the checkout and do not change what the code does.
-    """
+    """``(commit, dirty)`` of the git checkout whose top is ``repo``, else ``(None, None)`` (an installed package,
+    no git, no commit, no answer within :data:`GIT_TIMEOUT_S`). Untracked files (runs, logs) do not count."""
 
     def git(*args: str) -> str | None:
         try:
@@ -84,17 +71,14 @@ def git_state(repo: Path) -> tuple[str | None, bool | None]:
         return None, None
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
-    if commit is None or status is None:  # e.g. a repository without any commit yet
+    if commit is None or status is None:
         return None, None
     return commit, bool(status)
 
 
 def _cudnn_version() -> str | None:
-    """cuDNN's version as ``major.minor.patch``: torch gives one integer, ``major*1000 + minor*100 + patch``
-    up to cuDNN 8 and ``major*10000 + minor*100 + patch`` from cuDNN 9 on."""
-    if not torch.backends.cudnn.is_available():
-        return None
-    number = torch.backends.cudnn.version()
+    """cuDNN's ``major.minor.patch`` from torch's one integer (``major*10000 + ...`` from cuDNN 9, ``*1000`` before)."""
+    number = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     if number is None:
         return None
     major, rest = divmod(number, 10000) if number >= 90000 else divmod(number, 1000)
@@ -110,7 +94,7 @@ def _nccl_version() -> str | None:
 
 
 def _package_version(name: str) -> str | None:
-    """The installed version, read from the package's metadata: no import (``import lightning`` takes seconds)."""
+    """The installed version, from the package's metadata: no import (``import lightning`` takes seconds)."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -118,19 +102,9 @@ def _package_version(name: str) -> str | None:
 
 
 def run_environment(repo: Path | None = None) -> dict[str, Any]:
-    """Everything a reader needs to know where a figure comes from, as JSON-ready values.
-
-    - ``device_name``, ``device_count``: the first CUDA GPU's name and the number of GPUs on this node;
-      on a machine without a CUDA GPU, the CPU model and the cores this process may use;
-    - ``cpu_model``, ``cpu_cores``: always, as the host feeds the device;
-    - ``host_allocator``: how host memory is allocated (:func:`project.toolkit.host_memory.host_allocator`):
-      on a CPU it changes a step's time by up to 3x;
-    - ``cuda``, ``cudnn``, ``nccl``: the versions torch was built with / loads; None where torch has none
-      (a CPU-only build). A CUDA build reports them on a machine without a GPU too;
-    - ``torch``, ``lightning``, ``torchvision``, ``python``, ``hostname``;
-    - ``git_commit``, ``git_dirty``: of the template's checkout (``repo``, by default the folder holding the
-      ``project`` package), None when it is not a git checkout (see :func:`git_state`);
-    - ``date``: now, ISO 8601 in UTC.
+    """Where a figure comes from, as JSON-ready values: the device (the first GPU, or the CPU and its usable
+    cores), the CPU, the host allocator, the OS and driver, the versions of CUDA, cuDNN, NCCL, torch, Lightning,
+    torchvision and Python, the host, the template's git commit and whether it was changed, the date (UTC).
 
     >>> sorted(run_environment())[:4]
     ['cpu_cores', 'cpu_model', 'cuda', 'cudnn']
@@ -147,6 +121,8 @@ def run_environment(repo: Path | None = None) -> dict[str, Any]:
         "cpu_model": cpu,
         "cpu_cores": cores,
         "host_allocator": host_allocator(),
+        "os": collect_env.get_os(collect_env.run),
+        "nvidia_driver": collect_env.get_nvidia_driver_version(collect_env.run),
         "cuda": torch.version.cuda,
         "cudnn": _cudnn_version(),
         "nccl": _nccl_version(),

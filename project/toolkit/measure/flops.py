@@ -66,20 +66,14 @@ def meta_copy(net: nn.Module) -> nn.Module:
     """A deep copy of ``net`` whose parameters and buffers live on the ``meta`` device: shapes without data.
 
     The copy is made with the tensors already replaced (``deepcopy``'s memo), so the network's weights are
-    never copied -- nor allocated on its device. The copy keeps none of the network's hooks: a hook that
-    records or changes something (a user's, a profiler's) must not see the count's passes.
+    never copied -- nor allocated on its device.
     """
     memo: dict[int, Any] = {}
     for p in net.parameters():
         memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
     for b in net.buffers():
         memo[id(b)] = torch.empty_like(b, device="meta")
-    model = copy.deepcopy(net, memo)
-    for module in model.modules():
-        for hooks in (module._forward_pre_hooks, module._forward_hooks, module._backward_hooks):
-            hooks.clear()
-        module._backward_pre_hooks.clear()
-    return model
+    return copy.deepcopy(net, memo)
 
 
 def model_flops_per_sample(
@@ -227,3 +221,20 @@ def mfu(achieved_tflops_per_second: float | None, peak: float | None) -> float |
     if achieved_tflops_per_second is None or peak is None or peak <= 0:
         return None
     return achieved_tflops_per_second / peak
+
+
+def device_peak_tflops(device: torch.device, precision: str) -> float | None:
+    """The dense peak of ONE CUDA ``device`` at a Lightning ``precision``: :data:`PEAK_TFLOPS`, else Lightning's
+    ``get_available_flops`` for chips the table lacks; None elsewhere (a CPU)."""
+    if device.type != "cuda":
+        return None
+    peak = peak_tflops(torch.cuda.get_device_name(device), precision, tf32=convolutions_use_tf32())
+    dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(
+        precision_column(precision, tf32=False) or ""
+    )
+    if peak is None and dtype is not None:
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        available = get_available_flops(device, dtype)
+        peak = available / 1e12 if available else None
+    return peak

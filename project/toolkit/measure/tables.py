@@ -51,3 +51,15 @@ def text_table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
     lines = [header, ["-" * w for w in widths], *rows]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines)
+
+
+def human_bytes(count: float) -> str:
+    """``2.4 TB``, ``512 MB``: a byte count in decimal units, as disks and ``free -h`` show them.
+
+    >>> human_bytes(2_400_000_000_000), human_bytes(31_457_280), human_bytes(900)
+    ('2.4 TB', '31.5 MB', '900 B')
+    """
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count:.0f} B"

@@ -8,8 +8,8 @@
 - ``xla_cpu`` (an accelerator): torch_xla's CPU device standing in for a TPU.
 
 ``ddp``, ``xla`` (every core of a TPU) and single device are Lightning's own.
-:func:`register_strategies` runs where the command line starts (:func:`project.toolkit.cli.main`), before any
-Trainer reads the registries, and so again in every process a launcher starts with the same command.
+:func:`register_strategies` runs where the command line starts, before any Trainer reads the registries (and so
+in every process a launcher starts).
 What these strategies need of a LightningModule is :mod:`project.toolkit.strategies.contract`.
 """
 
@@ -23,13 +23,19 @@ from project.toolkit.strategies.fsdp import FullyShardedStrategy
 from project.toolkit.strategies.pipeline import PipelineStrategy
 from project.toolkit.strategies.xla import SingleXLAStrategy, XLACPUAccelerator
 
+# The names the template offers (docs/strategies.md), for the one line that refuses any other.
+COMMON_STRATEGIES = (
+    "auto", "single_device", "dp", "dp_balanced", "ddp", "fsdp", "pipeline",
+    "deepspeed_stage_2", "deepspeed_stage_3", "xla", "single_xla",
+)  # fmt: skip
+
 __all__ = [
     "DataParallelStrategy",
     "FullyShardedStrategy",
     "PipelineStrategy",
     "SingleXLAStrategy",
     "XLACPUAccelerator",
-    "name_help",
+    "COMMON_STRATEGIES",
     "register_strategies",
 ]
 
@@ -47,26 +53,3 @@ def register_strategies() -> None:
     PipelineStrategy.register_strategies(StrategyRegistry)
     SingleXLAStrategy.register_strategies(StrategyRegistry)
     XLACPUAccelerator.register_accelerators(AcceleratorRegistry)
-
-
-def name_help() -> dict[str, str]:
-    """What ``--trainer.strategy`` and ``--trainer.accelerator`` take, by option: the template's names
-    and Lightning's (Lightning's own help names neither). Call after :func:`register_strategies`.
-
-    >>> register_strategies()
-    >>> name_help()["--trainer.strategy"]  # doctest: +ELLIPSIS
-    "Names: this template's dp, dp_balanced, fsdp, pipeline, single_xla (docs/strategies.md); Lightning's auto, ..."
-    """
-    texts = {}
-    for option, registry, key, lightning_names in (
-        ("--trainer.strategy", StrategyRegistry, "strategy", ["auto"]),
-        ("--trainer.accelerator", AcceleratorRegistry, "accelerator", ["auto", "gpu"]),
-    ):
-        ours = sorted(name for name, entry in registry.items() if entry[key].__module__.startswith(__name__))
-        # ddp*_find_unused_parameters_{true,false}: one note instead of nine names
-        lightning_names += sorted(n for n in registry if n not in ours and "find_unused" not in n)
-        texts[option] = f"Names: this template's {', '.join(ours)} (docs/strategies.md); Lightning's " + ", ".join(
-            lightning_names
-        )
-    texts["--trainer.strategy"] += " (and ddp*_find_unused_parameters_true/false)"
-    return texts

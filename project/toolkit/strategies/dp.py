@@ -30,7 +30,6 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from torch import nn
 
-from project.toolkit.compat import StrategyRegistryType
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.strategies.contract import check_module
@@ -96,7 +95,7 @@ class DataParallelStrategy(StepsThroughView, SingleDeviceStrategy):
         return super().training_step(*args, **kwargs)
 
     @classmethod
-    def register_strategies(cls, strategy_registry: StrategyRegistryType) -> None:
+    def register_strategies(cls, strategy_registry: Any) -> None:
         strategy_registry.register(
             "dp", cls, description="DataParallel: one process, loss on the root GPU", override=True
         )

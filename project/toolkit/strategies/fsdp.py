@@ -22,7 +22,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from project.toolkit.compat import StrategyRegistryType, release_fsdp_name
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.strategies.blocks import Block, module_blocks, short_count
@@ -139,8 +138,7 @@ class FullyShardedStrategy(ModelParallelStrategy):
         return dataloader
 
     @classmethod
-    def register_strategies(cls, strategy_registry: StrategyRegistryType) -> None:
+    def register_strategies(cls, strategy_registry: Any) -> None:
         strategy_registry.register(
             "fsdp", cls, description="FSDP2 (fully_shard) on CPUs or GPUs, one shard per process", override=True
         )
-        release_fsdp_name()  # Lightning would refuse `fsdp` off CUDA, taking it for its own FSDPStrategy

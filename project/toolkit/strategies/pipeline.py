@@ -42,7 +42,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.optim import Optimizer
 
-from project.toolkit.compat import StrategyRegistryType
 from project.toolkit.data.datamodule import data_settings, image_channels
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
@@ -56,6 +55,22 @@ log = get_logger(__name__)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 _DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]  # what activations may travel as
+
+
+class TimedStage(PipelineStage):
+    """torch's PipelineStage whose forward and backward of each micro-batch count as the stage's compute."""
+
+    def __init__(self, meter: BubbleMeter, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.meter = meter
+
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        with self.meter.compute():
+            return super().forward_one_chunk(*args, **kwargs)
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        with self.meter.compute():
+            return super().backward_one_chunk(*args, **kwargs)
 
 
 class PipelineStrategy(StepsThroughView, DDPStrategy):
@@ -166,10 +181,8 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
         self._stage_module = build_stage(self._own_blocks, module.prepare_images, self.is_last)
         if fitting:
             self._meter = BubbleMeter(self.root_device)
-            stage = PipelineStage(self._stage_module, self.global_rank, self.world_size, self.root_device)
-            stage.forward_one_chunk = self._meter.timed(stage.forward_one_chunk)
-            stage.backward_one_chunk = self._meter.timed(stage.backward_one_chunk)
-            loss = self._meter.timed(module.criterion)
+            stage = TimedStage(self._meter, self._stage_module, self.global_rank, self.world_size, self.root_device)
+            loss = self._meter.timed_loss(module.criterion)
             self._schedule = SCHEDULES[self.schedule_name](stage, n_microbatches=self.micro_batches, loss_fn=loss)
             self.setup_optimizers(trainer)  # the parameters of this rank's stage only
         self.setup_precision_plugin()
@@ -250,7 +263,8 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
         if self.is_last:
             payload[0] = torch.stack([loss.detach() for loss in losses]).mean()
             payload[1:] = logits.detach().argmax(dim=1)
-        dist.broadcast(payload, src=self.world_size - 1)
+        with self._meter.communication():
+            dist.broadcast(payload, src=self.world_size - 1)
         return payload[0], payload[1:].long()
 
     def backward(
@@ -316,7 +330,7 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
         super().teardown()
 
     @classmethod
-    def register_strategies(cls, strategy_registry: StrategyRegistryType) -> None:
+    def register_strategies(cls, strategy_registry: Any) -> None:
         strategy_registry.register(
             "pipeline", cls, description="the network split into stages, micro-batches pipelined", override=True
         )

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from project.toolkit.balance import balanced_starts
 from project.toolkit.errors import ProjectError
 from project.toolkit.measure.flops import meta_copy
+from project.toolkit.plan.balance import balanced_starts
 from project.toolkit.strategies.blocks import Block
 
 

@@ -12,14 +12,20 @@ torch, so it lives in a separate environment (``make test-xla``).
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from typing import Any
 
 import torch
 from lightning.pytorch.accelerators import XLAAccelerator
 from lightning.pytorch.strategies import SingleDeviceXLAStrategy
 
-from project.toolkit.compat import AcceleratorRegistryType, StrategyRegistryType, xla_available
 from project.toolkit.errors import ProjectError
+
+
+def xla_available() -> bool:
+    """Whether torch_xla is installed (imported only once ``xla_cpu`` has set ``PJRT_DEVICE``)."""
+    return importlib.util.find_spec("torch_xla") is not None
 
 
 class XLACPUAccelerator(XLAAccelerator):
@@ -66,7 +72,7 @@ class XLACPUAccelerator(XLAAccelerator):
         return "xla_cpu"
 
     @classmethod
-    def register_accelerators(cls, accelerator_registry: AcceleratorRegistryType) -> None:
+    def register_accelerators(cls, accelerator_registry: Any) -> None:
         accelerator_registry.register(
             cls.name(), cls, description="torch_xla's CPU device (PJRT_DEVICE=CPU), one device", override=True
         )
@@ -87,7 +93,7 @@ class SingleXLAStrategy(SingleDeviceXLAStrategy):
         super().__init__(device=device)
 
     @classmethod
-    def register_strategies(cls, strategy_registry: StrategyRegistryType) -> None:
+    def register_strategies(cls, strategy_registry: Any) -> None:
         strategy_registry.register(
             cls.strategy_name, cls, description="one XLA device (TPU core or xla_cpu)", override=True
         )

@@ -22,7 +22,6 @@ from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch import nn
 
 from project.toolkit.measure.devices import SyncingClock, synchronizer
-from project.toolkit.strategies.blocks import Block
 
 MICRO_BATCHES = 4  # the pipeline strategy's default micro-batches: the second size measured is batch / 4
 
@@ -37,7 +36,7 @@ def images_like(batch: Any) -> tuple[tuple[int, ...], tuple[int, ...], torch.dty
 def probe_after_fit(
     trainer: Trainer,
     pl_module: LightningModule,
-    blocks: Sequence[Block],
+    blocks: Sequence[nn.Module],
     like: tuple[tuple[int, ...], tuple[int, ...], torch.dtype] | None,
 ) -> dict[str, Any] | None:
     """:func:`block_seconds` of the ``blocks`` of a finished single-device fit on a CPU or a CUDA GPU, with
@@ -57,7 +56,7 @@ def probe_after_fit(
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.enable_grad():
             images = torch.empty_strided(shape, stride, dtype=dtype, device=device).normal_()
             clock = SyncingClock(synchronizer(device)).mark
-            return block_seconds([b.module for b in blocks], images, prepare, clock)
+            return block_seconds(blocks, images, prepare, clock)
     finally:
         pl_module.to(home)
 

@@ -15,12 +15,12 @@ group (one device, NCCL, the tool commands) exits as usual.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import os
 import sys
-import threading
+
+from project.toolkit.compat import run_exit_handlers, shut_down_threads
 
 
 def in_gloo_process_group() -> bool:
@@ -65,8 +65,8 @@ def end_program(outcome: BaseException | None) -> None:
     else:
         sys.excepthook(type(outcome), outcome, outcome.__traceback__)
         status = 130 if isinstance(outcome, KeyboardInterrupt) else 1
-    threading._shutdown()  # noqa: SLF001 - e.g. stops idle ThreadPoolExecutor workers, which a join would wait on
-    atexit._run_exitfuncs()  # noqa: SLF001 - the handlers Python would run, while it is fully alive
+    shut_down_threads()
+    run_exit_handlers()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing left to flush
             stream.flush()

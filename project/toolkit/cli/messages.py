@@ -9,16 +9,64 @@ wrong and what is allowed.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import re
+from collections.abc import Iterable
+from pathlib import Path
 
-from project.toolkit.commands import with_option_hints
 from project.toolkit.dotted import import_object
 from project.toolkit.errors import ProjectError
 
 # The first error jsonargparse lists under the class it expected: (base class name, indentation, text).
 _FIRST_ERROR = re.compile(r"Subtypes: \[<class '(?:[\w.]+\.)?(\w+)'>.*?Errors:\n( *)- (.*?)(?=\n(?!\2\s)|\Z)", re.S)
 _GIVEN_CLASS = re.compile(r"Problem with given class_path '([^']*)':\s*(.*)", re.S)
+
+
+def with_option_hints(message: str, options: Iterable[str]) -> str:
+    """A parser's message about unknown options, with the nearest known option to each of them.
+
+    >>> with_option_hints("unrecognized arguments: --data.batchsize=64", ["--data.batch_size", "--data.data_dir"])
+    'unrecognized arguments: --data.batchsize=64; did you mean --data.batch_size?'
+    >>> with_option_hints("Subcommand 'fit' does not accept option 'model.lrr'", ["--model.lr"])
+    "Subcommand 'fit' does not accept option 'model.lrr'; did you mean --model.lr?"
+    """
+    _, _, unrecognized = message.partition("unrecognized arguments:")
+    unknown = re.findall(r"(--[\w.-]+)", unrecognized)
+    unknown += [f"--{key}" for key in re.findall(r"does not accept option '([^']+)'", message)]
+    options = list(options)
+    near = [match[0] for name in unknown if (match := difflib.get_close_matches(name, options, n=1))]
+    return f"{message}; did you mean {' or '.join(dict.fromkeys(near))}?" if near else message
+
+
+def config_shape_error(message: str, argv: Iterable[str]) -> str | None:
+    """For jsonargparse's ``Unexpected config: - a - b`` (a config file that is a list or a single value,
+    not a mapping of options), a line naming the file and what it must hold; None for other messages.
+
+    >>> config_shape_error("Unexpected config: - a", ["fit", "--config=missing.yaml"])
+    'a config file must be a mapping of options (key: value), e.g. "trainer: {max_epochs: 5}"; found: - a'
+    """
+    if not message.startswith("Unexpected config"):
+        return None
+    import yaml  # only on this error: the commands answer without it otherwise
+
+    found = " ".join(message.partition(":")[2].split())  # the YAML as jsonargparse shows it, on one line
+    words = list(argv)
+    values = [word.partition("=")[2] if "=" in word else nxt for word, nxt in zip(words, [*words[1:], ""], strict=True)]
+    for value in values:
+        path = Path(value) if value else None
+        if path is not None and path.suffix in (".yaml", ".yml", ".json") and path.is_file():
+            try:
+                content = yaml.safe_load(path.read_text())
+            except (OSError, yaml.YAMLError):
+                continue
+            if not isinstance(content, dict):
+                kind = "a list" if isinstance(content, list) else f"a single value ({type(content).__name__})"
+                return (
+                    f"{path}: a config file must be a mapping of options (key: value), e.g. "
+                    f'"trainer: {{max_epochs: 5}}"; this one holds {kind}: {found}'
+                )
+    return f'a config file must be a mapping of options (key: value), e.g. "trainer: {{max_epochs: 5}}"; found: {found}'
 
 
 def unwrap_class_option_error(message: str) -> str:
@@ -112,3 +160,38 @@ def init_parameters(cls: type) -> list[str]:
                 if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
                     names.append(parameter.name)
     return list(dict.fromkeys(names))
+
+
+def one_line(message: str) -> str:
+    r"""``message`` with its line breaks and indentation folded into single spaces.
+
+    >>> one_line("first\n  second")
+    'first second'
+    """
+    return re.sub(r"\s*\n\s*", " ", message.strip())
+
+
+def parse_error_line(message: str) -> str:
+    r"""jsonargparse's message for a value of the wrong type, as one line: the option, the value, and
+    the types or values allowed; other messages only folded onto one line.
+
+    >>> parse_error_line('Parser key "data.image_size":\n  Expected a <class \'int\'>. Got value: abc')
+    'data.image_size=abc is not allowed; expected int'
+    >>> parse_error_line(
+    ...     'Parser key "trainer.max_epochs":\n  Does not validate against any of the Union subtypes\n'
+    ...     "  Subtypes: [<class 'int'>, <class 'NoneType'>]\n  Errors:\n    - Expected a <class 'int'>\n"
+    ...     "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: abc"
+    ... )
+    'trainer.max_epochs=abc is not allowed; expected int or null'
+    """
+    message = unwrap_class_option_error(message)  # --data.image_size=big: jsonargparse blames all of --data
+    if class_path_line := class_path_error_line(message):  # --data=no.such.Class, --data.no_such_option
+        return class_path_line
+    key = re.match(r'Parser key "([^"]+)":', message)
+    value = re.search(r"(?:Given|Got) value: (.*?)\s*$", message)
+    expected = re.findall(r"Expected a (.+?)(?:\. Got value|\n|$)", message)
+    if not (key and value and expected):
+        return one_line(message)
+    names = {"<class 'NoneType'>": "null"}
+    allowed = [names.get(t, re.sub(r"^<class '(.+)'>$|^typing\.Literal\[(.+)\]$", r"\1\2", t)) for t in expected]
+    return f"{key.group(1)}={value.group(1)} is not allowed; expected {' or '.join(allowed)}"

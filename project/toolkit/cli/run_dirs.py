@@ -120,11 +120,14 @@ def arrange_run_folder(subcommand: str, config: Any) -> str | None:
             trainer.default_root_dir = str(fit_run)
             return None
         trainer.default_root_dir = str(fit_run)
-    elif logger in (None, True) and fit_run is not None:
-        trainer.logger = Namespace(
-            class_path=TENSORBOARD_LOGGER,
-            init_args=Namespace(save_dir=str(fit_run.parent.parent), name=fit_run.parent.name, version=fit_run.name),
-        )
+    elif logger in (None, True):
+        # Lightning's default logger, without its placeholder hp_metric=-1: TensorBoardViews logs the real ones.
+        where = {"save_dir": trainer.get("default_root_dir") or os.getcwd()}
+        if fit_run is not None:
+            where = {"save_dir": str(fit_run.parent.parent), "name": fit_run.parent.name, "version": fit_run.name}
+        trainer.logger = Namespace(class_path=TENSORBOARD_LOGGER, init_args=Namespace(**where, default_hp_metric=False))
+        if fit_run is None:
+            return None
     else:
         return None
     return f"config-{subcommand}.yaml"

@@ -1,4 +1,4 @@
-"""What a network weighs, for ``python -m project plan`` (:mod:`project.toolkit.bench.plan`): its parameters and
+"""What a network weighs, for ``python -m project plan`` (:mod:`project.toolkit.plan`): its parameters and
 buffers, the activations a training step keeps for the backward, and the same per unit (the modules it runs
 one after another), counted once per run on a copy on the ``meta`` device (no memory, no arithmetic).
 
@@ -8,7 +8,7 @@ modules two levels down where a top-level module has children (ResNet's ``layer1
 module itself, in the order the forward finishes them. Each unit records its forward FLOPs, its parameters
 and the bytes of its output per sample (what a pipeline stage ending there sends to the next); the sizes of its
 parameter tensors, and of those outside every unit, are kept apart (``parameter_numels``: what ddp and fsdp
-reduce, gather and copy tensor by tensor, which :mod:`project.toolkit.measure.replay` replays).
+reduce, gather and copy tensor by tensor, which :mod:`project.toolkit.plan.replay` replays).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from project.toolkit.measure.devices import tensor_bytes
 from project.toolkit.measure.flops import _FLOP_FORMULAS, meta_copy
 
 
@@ -37,22 +38,6 @@ def _rest_numels(whole: nn.Module, units: Iterable[nn.Module]) -> list[int]:
     """The sizes of ``whole``'s parameter tensors that no unit holds (FSDP's root unit)."""
     in_units = {id(p) for unit in units for p in unit.parameters()}
     return [p.numel() for p in whole.parameters() if id(p) not in in_units]
-
-
-def tensor_bytes(obj: Any) -> int:
-    """The bytes of every tensor in a (nested) dict, list or tuple: a unit's output, an optimizer's state,
-    a checkpoint (about the size of its file).
-
-    >>> tensor_bytes({"a": torch.zeros(4), "b": [torch.zeros(2, dtype=torch.float64), 3]})
-    32
-    """
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
 
 
 def network_profile(

@@ -14,32 +14,29 @@ setting is allowed on purpose):
 
 from __future__ import annotations
 
+import difflib
 import errno
 import os
+import re
 import socket
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import torch
+from lightning.pytorch.accelerators import AcceleratorRegistry
+from lightning.pytorch.strategies import StrategyRegistry
+
+from project.toolkit.dotted import chosen_class
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.measure.environment import usable_cores
+from project.toolkit.measure.tables import human_bytes
+from project.toolkit.strategies import COMMON_STRATEGIES
 
 log = get_logger(__name__)
 
 FLOAT32_BYTES = 4
-
-
-def human_bytes(count: float) -> str:
-    """``2.4 TB``, ``512 MB``: a byte count in decimal units, as disks and ``free -h`` show them.
-
-    >>> human_bytes(2_400_000_000_000), human_bytes(31_457_280), human_bytes(900)
-    ('2.4 TB', '31.5 MB', '900 B')
-    """
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if count >= size:
-            return f"{count / size:.1f} {unit}"
-    return f"{count:.0f} B"
 
 
 def available_memory_bytes() -> int | None:
@@ -133,4 +130,54 @@ def check_master_port(environ: Any = None) -> None:
         raise ProjectError(
             f"MASTER_PORT={value} is already in use on this machine (another run?); unset MASTER_PORT to let the "
             "run pick a free port, or set one that is free"
+        )
+
+
+def data_num_classes(data_config: Any) -> int | None:
+    """The class count of the data set a config chooses (its class's ``num_classes``), read without
+    building the data set; None if the class does not say."""
+    value = getattr(chosen_class(data_config), "num_classes", None)
+    return value if isinstance(value, int) else None
+
+
+def data_in_channels(data_config: Any) -> int:
+    """The channels of the data set a config chooses (its class's ``image_shape``), 3 if it does not say."""
+    shape = getattr(chosen_class(data_config), "image_shape", None)
+    return shape[2] if isinstance(shape, tuple) and len(shape) == 3 and isinstance(shape[2], int) else 3
+
+
+def check_trainer_choices(strategy: Any, accelerator: Any, devices: Any) -> None:
+    """Refuse an unknown strategy or accelerator name, a GPU on a machine without one, and a device
+    count that is no count, naming what is allowed (Lightning's own messages name neither this
+    template's strategies nor the cause)."""
+    count = devices if isinstance(devices, int) else None
+    if isinstance(devices, str) and devices != "auto":
+        if not re.fullmatch(r"-?\d+|\d+(,\d+)*,?", devices.strip()):
+            count = 0
+        elif "," not in devices:
+            count = int(devices)
+    if count is not None and count < 1 and (count != -1 or accelerator == "cpu"):
+        raise ProjectError(
+            f"trainer.devices={devices!r} is not allowed: use a number >= 1, a list of device indices, "
+            "-1 (all GPUs) or auto"
+        )
+    known = StrategyRegistry.available_strategies()
+    if isinstance(strategy, str) and strategy != "auto" and strategy not in known:
+        near = difflib.get_close_matches(strategy, list(dict.fromkeys([*COMMON_STRATEGIES, *known])), n=2)
+        hint = f"; did you mean {' or '.join(near)}?" if near else "."
+        raise ProjectError(
+            f"trainer.strategy={strategy!r} is not a strategy{hint} The template's: {', '.join(COMMON_STRATEGIES)} "
+            "(Lightning's other names: docs/strategies.md)"
+        )
+    if not isinstance(accelerator, str):
+        return
+    allowed = {"auto", "gpu", *AcceleratorRegistry.available_accelerators()}
+    if accelerator not in allowed:
+        raise ProjectError(
+            f"trainer.accelerator={accelerator!r} is not an accelerator; choose one of: {', '.join(sorted(allowed))}"
+        )
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ProjectError(
+            f"trainer.accelerator={accelerator!r}, but this machine has no CUDA GPU that torch can use "
+            f"(torch {torch.__version__}); use --trainer.accelerator=cpu or auto"
         )

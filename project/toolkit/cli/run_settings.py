@@ -1,10 +1,9 @@
 """Trainer and callback settings the CLI derives from the ones a user gave, before the Trainer is built.
 
 - A default callback that a Trainer flag already switches off (``--trainer.enable_checkpointing=false``,
-  ``enable_progress_bar``, ``enable_model_summary``) is left out: the Trainer refuses a callback of a
-  kind it was told not to use. Switching the checkpoint callback off (``--callbacks.checkpoint=false``)
-  turns its flag off in turn, else the Trainer would add its own; switching off the progress bar or
-  the model summary gives Lightning's own.
+  ``enable_progress_bar``) is left out: the Trainer refuses a callback of a kind it was told not to use.
+  Switching the checkpoint callback off (``--callbacks.checkpoint=false``) turns its flag off in turn, else
+  the Trainer would add its own; switching off the progress bar gives Lightning's own.
 - ``fast_dev_run`` runs without the ModelCheckpoint: Lightning's rule is that it saves nothing, yet
   its ModelCheckpoint wrote ``last.ckpt`` at the end (into the working directory).
 - ``--data.val_size=0`` (train on every image): no validation loop, and checkpoints keep
@@ -19,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from project.toolkit.cli.run_dirs import setting
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
-from project.toolkit.run_dirs import setting
 
 log = get_logger(__name__)
 
@@ -29,7 +28,6 @@ log = get_logger(__name__)
 TRAINER_SWITCHES = {
     "enable_checkpointing": "checkpoint",
     "enable_progress_bar": "progress_bar",
-    "enable_model_summary": "model_summary",
 }
 
 

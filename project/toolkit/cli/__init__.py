@@ -1,0 +1,96 @@
+"""``python -m project``: which program a command line is for, decided before anything heavy is imported.
+
+``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (:mod:`project.toolkit.cli`), which needs torch
+and Lightning: about 6 s of imports before the first line of output. ``bench`` only starts runs and
+reads their results, ``compare`` and ``plan`` only read them, and the top-level help only lists the commands,
+so these answer without importing either (a twentieth of a second), as does a mistyped command.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import sys
+from typing import Any
+
+from project.toolkit.cli.process_exit import end_program
+
+# What each command does, as the top-level help lists it. The trainer commands are Lightning's
+# (tests/test_entry.py checks this list against LightningCLI.subcommands()).
+TRAINER_COMMANDS = {
+    "fit": "train the model (validating every epoch); a run folder with checkpoints, timing.json, TensorBoard",
+    "validate": "evaluate on the validation split (--ckpt_path=best, last or a file)",
+    "test": "evaluate on the test split (--ckpt_path=best, last or a file)",
+    "predict": "the predicted class of every test image (index and name), written to predictions.csv",
+}
+TOOL_COMMANDS = {
+    "bench": "run a matrix of strategies, archs, batch sizes, devices and precisions; compare time and memory",
+    "compare": "compare finished runs (their timing.json) in the same results.{csv,md,png} as bench",
+    "plan": "predict each strategy's step time, throughput and memory on N devices from one run's timing.json",
+}
+USAGE = "python -m project"
+
+# The module whose main() answers each of the tool commands (commands.TOOL_COMMANDS, which the help lists).
+TOOLS = {
+    "bench": "project.toolkit.bench",
+    "compare": "project.toolkit.bench.compare",
+    "plan": "project.toolkit.plan",
+}
+
+
+def top_level_help() -> str:
+    """The help of ``python -m project``: its commands, and where each one's options are listed."""
+    width = max(map(len, {**TRAINER_COMMANDS, **TOOL_COMMANDS}))
+    lines = [
+        f"usage: {USAGE} [-c CONFIG] {{{','.join([*TRAINER_COMMANDS, *TOOL_COMMANDS])}}} ...",
+        "",
+        "Train, evaluate and time one image classifier (a LightningCLI), and compare strategies.",
+        "",
+        "commands:",
+        *(f"  {name:<{width}}  {text}" for name, text in {**TRAINER_COMMANDS, **TOOL_COMMANDS}.items()),
+        "",
+        f"Each command's options: {USAGE} COMMAND --help (e.g. {USAGE} fit --help).",
+        f"A config file goes before or after the command: {USAGE} fit --config configs/default.yaml",
+        "Options are documented in docs/options.md; the strategies in docs/strategies.md.",
+    ]
+    return "\n".join(lines)
+
+
+def unknown_command(name: str) -> str:
+    """The one line for a command that is not one, with the nearest command if there is one.
+
+    >>> unknown_command("fitt")
+    "'fitt' is not a command; did you mean 'fit'? Commands: fit, validate, test, predict, bench, compare, plan"
+    """
+    commands = [*TRAINER_COMMANDS, *TOOL_COMMANDS]
+    near = difflib.get_close_matches(name, commands, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ";"
+    return f"{name!r} is not a command{hint} Commands: {', '.join(commands)}"
+
+
+def main(args: list[str] | None = None, model: str = "", data: str = "") -> Any:
+    """Entry point of ``python -m project``; ``args`` replaces ``sys.argv[1:]`` (for tests). ``model`` and
+    ``data`` are the dotted paths of the template's LightningModule and default data set."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(top_level_help())
+        raise SystemExit(0 if argv else 2)
+    if argv[0] in TOOLS:  # imported only when asked for: no torch for any of them
+        importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
+        return
+    if not argv[0].startswith("-") and argv[0] not in TRAINER_COMMANDS:
+        print(f"error: {unknown_command(argv[0])}", file=sys.stderr)
+        raise SystemExit(2)
+    from project.toolkit.cli.lightning_cli import (
+        main as cli_main,  # torch and Lightning: only the trainer commands need them
+    )
+
+    if args is not None:  # called from Python (tests): the caller's process goes on
+        return cli_main(argv, model=model, data=data)
+    try:
+        cli = cli_main(None, model=model, data=data)  # None: LightningCLI reads sys.argv itself, without a warning
+    except BaseException as outcome:
+        end_program(outcome)  # returns unless the process has a gloo group (project/toolkit/cli/process_exit.py)
+        raise
+    end_program(None)
+    return cli

@@ -1,0 +1,285 @@
+"""The trainer commands, ``python -m project {fit,validate,test,predict}``: a LightningCLI with the template's
+default callbacks (each a switch, ``--callbacks.<name>=false``, with its options, ``--<name>.*``),
+``--ckpt_path=last|best`` found from a new process, a run folder for every command (:mod:`.run_dirs`), and bad
+input as one ``error:`` line, exit status 2, no traceback and no half-made run folder."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import shutil
+import signal
+import sys
+from argparse import ArgumentError
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from project.toolkit.callbacks import CHECKPOINT_DEFAULTS, DEFAULT_CALLBACKS, left_out_of
+from project.toolkit.callbacks.checkpoints import Checkpoints, check_checkpoint_file, find_checkpoint
+from project.toolkit.callbacks.guards import Guards, out_of_memory_message
+from project.toolkit.cli.checkpoint_settings import adopt_checkpoint_settings
+from project.toolkit.cli.checks import (
+    check_batch_fits_memory,
+    check_master_port,
+    check_trainer_choices,
+    check_writable,
+    data_in_channels,
+    data_num_classes,
+    warn_cpu_oversubscription,
+)
+from project.toolkit.cli.messages import (
+    config_shape_error,
+    one_line,
+    parse_error_line,
+    project_error_within,
+    with_option_hints,
+)
+from project.toolkit.cli.process_exit import leave_gloo_process_group
+from project.toolkit.cli.run_dirs import arrange_run_folder, runs_root
+from project.toolkit.cli.run_settings import callbacks_switched_off, derive_settings
+from project.toolkit.dotted import import_object, section_args
+from project.toolkit.errors import ProjectError
+from project.toolkit.log import get_logger, silence_known_noise
+from project.toolkit.strategies import COMMON_STRATEGIES, register_strategies
+from project.toolkit.strategies.deepspeed import (
+    check_deepspeed_choice,
+    is_deepspeed_checkpoint,
+    resolve_deepspeed_checkpoint,
+)
+
+log = get_logger(__name__)
+
+
+@dataclass
+class RunContext:
+    """What :func:`main` needs once a command has failed: its trainer and the run folder it created."""
+
+    trainer: Trainer | None = None
+    created: Path | None = None
+
+
+class ProjectCLI(LightningCLI):
+    """LightningCLI with the template's callbacks, checks and run folders; ``default_data`` is the data module
+    ``--data`` defaults to (the toolkit names none of its own)."""
+
+    def __init__(self, *args: Any, default_data: str | None = None, context: RunContext, **kwargs: Any) -> None:
+        self.default_data, self.context = default_data, context
+        self.parsers: list[LightningArgumentParser] = []
+        # What a checkpoint's settings put back once LightningCLI has read it (adopt_checkpoint_settings).
+        self._restore_run_options: Callable[[Any], None] = lambda config: None
+        super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        if self.default_data:
+            parser.set_defaults({"data": {"class_path": self.default_data}})
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.in_channels", "model.in_channels", apply_on="instantiate")
+        for name, callback in DEFAULT_CALLBACKS.items():
+            parser.add_lightning_class_args(callback, name)
+            parser.add_argument(f"--callbacks.{name}", type=bool, default=True, help=f"Run {callback.__name__}.")
+        parser.set_defaults(CHECKPOINT_DEFAULTS)
+        self.parsers.append(parser)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        self.argv = [str(word) for word in (sys.argv[1:] if args is None else args if isinstance(args, list) else [])]
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:  # a mistyped option: name the nearest one there is
+            raise ArgumentError(None, with_option_hints(str(err), self.option_names())) from None
+        if self.config.get("subcommand"):
+            self._resolve_ckpt_path(self.config["subcommand"])
+
+    def option_names(self) -> list[str]:
+        """Every option of the trainer commands, as typed (``--data.image_size``, not ``--data.init_args...``)."""
+        keys = {key.replace(".init_args.", ".") for parser in self.parsers for key in parser.get_defaults().keys()}
+        return sorted(f"--{key}" for key in keys)
+
+    def _resolve_ckpt_path(self, subcommand: str) -> None:
+        """``--ckpt_path=last|best`` as a file, checked, before LightningCLI reads the model's hyperparameters from
+        it, so a checkpoint named either way restores the network it was trained with."""
+        config = self.config[subcommand]
+        value = config.get("ckpt_path")
+        if value is None and subcommand != "fit":
+            log.warning(
+                "%s runs on the model's freshly initialised weights; pass --ckpt_path=best, last or a file "
+                "to evaluate a trained model",
+                subcommand,
+            )
+        if value in ("last", "best"):
+            config.ckpt_path = find_checkpoint(value, runs_root(config.trainer), allow_none=subcommand == "fit")
+        if config.ckpt_path in (None, "hpc"):
+            return
+        # A DeepSpeed folder: kept for a DeepSpeed run, consolidated into one file for one device.
+        config.ckpt_path = resolve_deepspeed_checkpoint(config.ckpt_path, config.trainer.get("strategy"), subcommand)
+        if not is_deepspeed_checkpoint(config.ckpt_path):
+            checkpoint = check_checkpoint_file(config.ckpt_path, num_classes=data_num_classes(config.get("data")))
+            if checkpoint is not None:  # a file: the settings it was trained with, against the options
+                self._restore_run_options = adopt_checkpoint_settings(
+                    config, config.ckpt_path, checkpoint, self.model_class, self.argv
+                )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        trainer = config.trainer
+        check_trainer_choices(trainer.get("strategy"), trainer.get("accelerator"), trainer.get("devices"))
+        check_deepspeed_choice(trainer.get("strategy"), trainer.get("accelerator"))
+        derive_settings(self.subcommand, config)
+        self._restore_run_options(config)  # after LightningCLI read the checkpoint
+        data = config.get("data")
+        data_args = section_args(data)
+        if data_args is not None and isinstance(data_args.get("image_size"), int):
+            check_batch_fits_memory(data_args.image_size, data_args.get("batch_size") or 1, data_in_channels(data))
+        warn_cpu_oversubscription(trainer.get("devices"), trainer.get("accelerator"), torch.cuda.is_available())
+        switched_off = callbacks_switched_off(config, list(DEFAULT_CALLBACKS)) | left_out_of(self.subcommand)
+        for parser in self.parsers:  # the instantiated callbacks the Trainer is given
+            parser.callback_keys[:] = [key for key in parser.callback_keys if key not in switched_off]
+        config_filename = arrange_run_folder(self.subcommand, config)
+        check_writable(runs_root(trainer), "trainer.default_root_dir", trainer.get("default_root_dir") or os.getcwd())
+        if config_filename:
+            self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": config_filename}
+
+    def instantiate_classes(self) -> None:
+        # Lightning's Trainer refuses a bad setting (devices=-1 on CPU, an unusable precision, ...) with an
+        # exception carrying a readable message; the user gets that message, not a traceback.
+        try:
+            super().instantiate_classes()
+        except (MisconfigurationException, ValueError, TypeError) as err:
+            raise project_error_within(err) or ProjectError(one_line(str(err))) from None
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        # An instance, not the name: Lightning refuses the name `fsdp` off CUDA, taking it for its own FSDP1.
+        if self.config_init[self.subcommand].trainer.get("strategy") == "fsdp":
+            kwargs.setdefault("strategy", StrategyRegistry.get("fsdp"))
+        trainer = super().instantiate_trainer(**kwargs)
+        self.context.trainer = trainer
+        return trainer
+
+    def _before_run(self) -> None:
+        """Note the run folder this command is about to create, and check the port its processes will use."""
+        trainer = self.trainer
+        log_dir = Path(trainer.log_dir) if trainer.log_dir else None
+        self.context.created = _first_missing(log_dir) if log_dir is not None else None
+        starts_the_others = hasattr(trainer.strategy.launcher, "procs") and "LOCAL_RANK" not in os.environ
+        if trainer.world_size > 1 and trainer.num_nodes == 1 and starts_the_others:
+            check_master_port()
+
+    before_fit = before_validate = before_test = before_predict = _before_run
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder on the way to ``path`` that does not exist yet (None if ``path`` exists)."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def _remove_unused_folder(context: RunContext) -> None:
+    """Remove the run folder a command created if it stopped before any training step and saved no checkpoint."""
+    created, trainer = context.created, context.trainer
+    if created is None or trainer is None or not created.exists() or trainer.global_step or not trainer.is_global_zero:
+        return
+    if not any(created.rglob("*.ckpt")):
+        shutil.rmtree(created, ignore_errors=True)
+
+
+def run_failed(error: BaseException, context: RunContext) -> BaseException:
+    """What a command that raised ``error`` while running ends with: one line for what the user can fix."""
+    trainer = context.trainer
+    if isinstance(error, SIGTERMException):  # stopped by a signal, after saving: exit 128 + that signal
+        checkpoints = next((c for c in trainer.callbacks if isinstance(c, Checkpoints)), None) if trainer else None
+        return SystemExit(128 + ((checkpoints and checkpoints.signum) or signal.SIGTERM))
+    if isinstance(error, RuntimeError):
+        data = trainer.datamodule.hparams if trainer is not None and trainer.datamodule is not None else None
+        oom = out_of_memory_message(error, data)
+        if oom is not None:  # host or device: one line with the figure and what to lower
+            _remove_unused_folder(context)
+            return ProjectError(oom)
+        # In a multi-process run most often a collective failing because another rank died: name that rank.
+        guards = next((c for c in trainer.callbacks if isinstance(c, Guards)), None) if trainer else None
+        if guards is not None:
+            guards.stop_if_lost(wait_seconds=3.0)
+    _remove_unused_folder(context)
+    return error
+
+
+@functools.cache
+def _register_once() -> None:
+    """Make the template's strategies known before any Trainer exists; every process a launcher starts runs
+    ``python -m project`` again, and so this too."""
+    register_strategies()
+    atexit.register(leave_gloo_process_group)
+
+
+def main(args: ArgsType = None, model: str = "", data: str = "") -> ProjectCLI:
+    """The trainer commands of ``python -m project``; ``args`` replaces ``sys.argv[1:]`` (for tests). ``model`` and
+    ``data`` are the dotted paths of the LightningModule and of the data module ``--data`` defaults to."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    package_logger = logging.getLogger("project")
+    package_logger.handlers[:] = [handler]
+    package_logger.setLevel(logging.INFO)
+    package_logger.propagate = False
+    _register_once()
+    silence_known_noise()
+    # Parse errors raise instead of printing the usage, so they too come out as one line; no abbreviations.
+    strict = {"exit_on_error": False, "allow_abbrev": False}
+    names = f"--trainer.strategy: {', '.join(COMMON_STRATEGIES)}; --trainer.accelerator: auto, cpu, gpu, tpu, xla_cpu"
+    epilog = f"The template's names for {names} (docs/strategies.md)."
+    context = RunContext()
+    try:
+        try:
+            return ProjectCLI(
+                import_object(model) if model else LightningModule,
+                LightningDataModule,
+                subclass_mode_model=not model,
+                subclass_mode_data=True,
+                default_data=data or None,
+                context=context,
+                # One way to choose the optimizer and schedule: the model's options (--model.optimizer), which keep
+                # the per-step warm-up; LightningCLI's --optimizer would replace configure_optimizers.
+                auto_configure_optimizers=False,
+                seed_everything_default=42,
+                trainer_defaults={"max_epochs": 10},
+                save_config_kwargs={"overwrite": True},
+                parser_kwargs={
+                    "prog": "python -m project",
+                    "description": "Train, evaluate and time one image classifier; compare strategies with "
+                    "`python -m project bench --help`.",
+                    **strict,
+                    **{subcommand: {**strict, "epilog": epilog} for subcommand in LightningCLI.subcommands()},
+                },
+                args=args,
+            )
+        except (SIGTERMException, ProjectError, MisconfigurationException, RuntimeError) as err:
+            if context.trainer is None:
+                raise
+            raise run_failed(err, context) from None
+        except BaseException:
+            _remove_unused_folder(context)
+            raise
+    except ProjectError as err:
+        # Every process of a multi-process run meets the same bad input: one line per machine is enough.
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ArgumentError as err:
+        argv = sys.argv[1:] if args is None else list(args)
+        command = [word for word in argv if word in LightningCLI.subcommands()][:1]
+        help_command = " ".join(["python -m project", *command, "--help"])
+        line = config_shape_error(str(err), argv) or parse_error_line(str(err))
+        print(f"error: {line} (see {help_command})", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,231 @@
+"""``python -m project plan RUN_DIR --devices N [--nodes M] [--link-gbps B]``: what a measured run would do
+on devices you do not have.
+
+From one finished run's ``timing.json`` -- its step anatomy (:mod:`project.toolkit.measure.anatomy`: data
+wait, forward, backward, optimizer, rest per step), the network's parameter, buffer and activation bytes
+and its units (:mod:`project.toolkit.plan.network`), its peak memory -- and a link (given, or measured
+here by a short gloo all-reduce benchmark, :mod:`project.toolkit.plan.link`), it predicts for single,
+dp, ddp, fsdp and pipeline on ``N`` devices per node and ``M`` nodes: the step time and its parts, the
+throughput, the scaling efficiency and the peak memory per device. The formulas, and what they leave out,
+are in ``docs/plan.md``; each is a function here, tested on known inputs (``tests/test_plan.py``). For a CPU
+run on this machine's processes, ddp's and fsdp's cost is replayed instead of priced by the formulas
+(:mod:`project.toolkit.plan.replay`).
+
+Reading a ``timing.json`` and computing needs no torch; only what is measured here imports it: the link,
+how processes computing at once slow each other (:mod:`project.toolkit.plan.cores`) and the replay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from project.toolkit.errors import OneLineParser, ProjectError, exit_on_project_error
+from project.toolkit.measure.tables import number, text_table
+from project.toolkit.plan.formulas import *  # noqa: F403  (the formulas, for tests and benchmarks)
+from project.toolkit.plan.here import (
+    core_slowdown,
+    link_from,
+    replay_here,
+    sharing_here,
+    stand_in_work,
+    threads_per_process,
+)
+from project.toolkit.plan.inputs import Link, Measured, Replayed, Target, read_run
+from project.toolkit.plan.predict import (
+    Prediction,
+    plan,
+    predict_ddp,
+    predict_dp,
+    predict_fsdp,
+    predict_pipeline,
+    predict_single,
+    scaling_efficiency,
+    share_seconds,
+    stage_seconds,
+)
+
+__all__ = [
+    "Link",
+    "Measured",
+    "Prediction",
+    "Replayed",
+    "Target",
+    "core_slowdown",
+    "link_from",
+    "main",
+    "plan",
+    "predict_ddp",
+    "predict_dp",
+    "predict_fsdp",
+    "predict_pipeline",
+    "predict_single",
+    "read_run",
+    "replay_here",
+    "scaling_efficiency",
+    "share_seconds",
+    "sharing_here",
+    "stage_seconds",
+    "stand_in_work",
+    "threads_per_process",
+]
+
+PLAN_HELP = "Predict step time, throughput, scaling and memory per device of each strategy on N devices from one run."
+STRATEGIES = ("single", "dp", "ddp", "fsdp", "pipeline")
+
+
+def table_rows(predictions: list[Prediction], run: Measured) -> list[list[str]]:
+    rows = []
+    for p in predictions:
+        parts = " / ".join(number(p.parts[k], 3) for k in ("data_wait", "compute", "communication", "optimizer"))
+        parts += " / " + " / ".join(number(p.parts[k], 3) for k in ("bubble", "rest"))
+        memory = ", ".join(number(mb, 0) for mb in p.memory_mb)
+        rows.append(
+            [
+                p.strategy,
+                str(p.world),
+                number(p.step, 3),
+                parts,
+                number(p.samples_per_second, 1),
+                number(100 * scaling_efficiency(p, run), 0, " %"),
+                memory,
+                p.note,
+            ]
+        )
+    return rows
+
+
+HEADER = [
+    "strategy",
+    "devices",
+    "step s",
+    "data / compute / comm / optim / bubble / rest s",
+    "samples/s",
+    "scaling",
+    "peak MiB per device",
+    "note",
+]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = OneLineParser(prog="python -m project plan", description=f"{PLAN_HELP} Trains nothing.")
+    parser.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="a fit's run folder (or its timing.json)")
+    parser.add_argument("--devices", type=int, required=True, help="devices per node (processes on a CPU)")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    parser.add_argument(
+        "--link-gbps",
+        type=float,
+        default=None,
+        help="link bandwidth in Gbit/s (default: measured here with gloo, and for a one-node CPU run ddp's and "
+        "fsdp's cost replayed here)",
+    )
+    parser.add_argument("--link-latency-us", type=float, default=10.0, help="with --link-gbps: latency (default 10)")
+    parser.add_argument(
+        "--batch",
+        choices=("global", "per-device"),
+        default="global",
+        help="global: the run's batch split across the devices (default); per-device: each keeps it",
+    )
+    parser.add_argument("--micro-batches", type=int, default=4, help="pipeline micro-batches (default 4)")
+    parser.add_argument(
+        "--shared-cores",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="the devices are processes sharing the machine's CPU cores (auto: for a CPU run on 1 node, from "
+        "the run's threads and cores and how much processes computing at once slow each other here, measured; "
+        "yes: N times slower than the run; no: as fast as the run)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="also write plan.md and plan.json into this folder")
+    return parser.parse_args(argv)
+
+
+def check_target(args: argparse.Namespace) -> None:
+    for name in ("devices", "nodes", "micro_batches"):
+        if getattr(args, name) < 1:
+            raise ProjectError(f"plan --{name.replace('_', '-')}={getattr(args, name)} is not allowed: it must be >= 1")
+    if args.link_gbps is not None and not args.link_gbps > 0:
+        raise ProjectError(f"plan --link-gbps={args.link_gbps} is not allowed: it must be a number > 0")
+
+
+def describe_replay(replayed: Replayed) -> str:
+    """One line of what the replay measured.
+
+    >>> line = describe_replay(Replayed(0.01, 0.1, 2.5, "replayed here"))
+    >>> line.startswith("ddp's communication 0.010 s and fsdp's 0.100 s"), line.endswith("(replayed here)")
+    (True, True)
+    """
+    return (
+        f"ddp's communication {replayed.ddp_seconds:.3f} s and fsdp's {replayed.fsdp_seconds:.3f} s per step (what "
+        f"the compute alone does not take), fsdp's optimizer step {replayed.fsdp_optimizer_factor:.2f}x a whole "
+        f"one's ({replayed.how})"
+    )
+
+
+def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, Any]]:
+    """The table (text) and the JSON record of ``python -m project plan``."""
+    check_target(args)
+    run = read_run(args.run_dir)
+    sharing, sharing_note = sharing_here(run, args.shared_cores, args.devices, args.nodes)
+    slowdown = core_slowdown(run, args.shared_cores, args.devices, args.nodes, sharing)
+    target = Target(args.devices, args.nodes, args.batch, args.micro_batches, slowdown)
+    link = link_from(args.link_gbps, args.link_latency_us)
+    replayed = replay_here(run, target, link)
+    predictions = plan(run, target, link, replayed=replayed)
+    lines = [
+        f"Plan from {run.name}: {run.accelerator}, global batch {run.batch_size}, measured step {run.step:.3f} s",
+        f"  ({run.samples_per_second:.1f} samples/s); target {target.devices} device(s) x {target.nodes} node(s),",
+        f"  batch {target.batch}, link {link.bandwidth * 8 / 1e9:.2f} Gbit/s + {link.latency * 1e6:.0f} us per message "
+        f"({link.source}); each device computes {target.slowdown:.2f}x slower than the run (shared cores"
+        + (f"; {sharing_note}" if sharing_note else "")
+        + ")."
+        + (f"\n  {describe_replay(replayed)}." if replayed else ""),
+        "",
+        text_table(HEADER, table_rows(predictions, run)),
+        "",
+        "Formulas and what they leave out: docs/plan.md.",
+    ]
+    if run.world_size > 1:  # its rank 0's step stands for the run: right for ddp's share, not for a pipeline
+        lines.append(
+            f"The run had {run.world_size} processes: the plan reads rank 0's step as the run's; "
+            "a single-device run is the plan's intended input."
+        )
+    record = {
+        "command": command,
+        "run": run.name,
+        "target": target.__dict__,
+        "core_sharing": sharing_note or None,
+        "replayed": replayed.__dict__ if replayed else None,
+        "link": link.__dict__,
+        "predictions": [
+            {
+                "strategy": p.strategy,
+                "devices": p.world,
+                "step_seconds": p.step,
+                "parts": p.parts,
+                "samples_per_second": p.samples_per_second,
+                "scaling_efficiency": scaling_efficiency(p, run),
+                "peak_memory_mb": p.memory_mb,
+                "note": p.note,
+            }
+            for p in predictions
+        ],
+    }
+    return "\n".join(lines), record
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m project plan``; ``argv`` replaces ``sys.argv[2:]`` (for tests)."""
+    argv = sys.argv[2:] if argv is None else argv
+    args = parse_args(argv)
+    command = shlex.join(["python", "-m", "project", "plan", *argv])
+    with exit_on_project_error():
+        text, record = make_plan(args, command)
+        print(text, flush=True)
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "plan.json").write_text(json.dumps(record, indent=2) + "\n")
+            (args.out / "plan.md").write_text(f"# Plan\n\nProduced by `{command}`.\n\n```\n{text}\n```\n")

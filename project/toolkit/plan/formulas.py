@@ -1,0 +1,193 @@
+"""The plan's formulas: collectives over a ring, DDP's buckets, GPipe's schedule, a unit's time at a batch size."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from project.toolkit.plan.balance import balanced_starts
+from project.toolkit.plan.inputs import Link
+
+MIB = 2**20
+DDP_FIRST_BUCKET = 1 * MIB  # torch's DistributedDataParallel: the first bucket (the last layers) is small
+DDP_BUCKET = 25 * MIB  # bucket_cap_mb's default
+
+
+def ring_all_reduce_seconds(nbytes: float, world: int, link: Link) -> float:
+    """Ring all-reduce: ``2(N-1)`` steps, each a latency and ``bytes / N`` over the link.
+
+    >>> ring_all_reduce_seconds(100e6, 4, Link(0.0, 1e9, "given"))
+    0.15
+    """
+    if world < 2:
+        return 0.0
+    return 2 * (world - 1) * link.latency + 2 * (world - 1) / world * nbytes / link.bandwidth
+
+
+def all_gather_seconds(nbytes: float, world: int, link: Link) -> float:
+    """Ring all-gather (or reduce-scatter) of ``nbytes`` in all: ``N-1`` steps of ``bytes / N``.
+
+    >>> all_gather_seconds(100e6, 4, Link(0.0, 1e9, "given"))
+    0.075
+    """
+    if world < 2:
+        return 0.0
+    return (world - 1) * link.latency + (world - 1) / world * nbytes / link.bandwidth
+
+
+def broadcast_seconds(nbytes: float, world: int, link: Link) -> float:
+    """A pipelined broadcast: the bytes once over the link, a latency per tree level.
+
+    >>> broadcast_seconds(1e6, 8, Link(1e-5, 1e9, "given"))
+    0.00103
+    """
+    if world < 2:
+        return 0.0
+    return math.ceil(math.log2(world)) * link.latency + nbytes / link.bandwidth
+
+
+def gpipe_bubble(stages: int, micro_batches: int) -> float:
+    """GPipe's idle share of a step with balanced stages: ``(p-1)/(m+p-1)``.
+
+    >>> gpipe_bubble(2, 4), gpipe_bubble(4, 16)
+    (0.2, 0.15789473684210525)
+    """
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def ddp_buckets(parameter_bytes: float, first: float = DDP_FIRST_BUCKET, cap: float = DDP_BUCKET) -> list[float]:
+    """DDP's gradient buckets in the order the backward fills them: a small first one, then ``cap`` each.
+
+    >>> [b / MIB for b in ddp_buckets(60 * MIB)]
+    [1.0, 25.0, 25.0, 9.0]
+    """
+    buckets, left = [], parameter_bytes
+    for size in [first, *[cap] * math.ceil(parameter_bytes / cap)]:
+        if left <= 0:
+            break
+        buckets.append(min(size, left))
+        left -= size
+    return buckets
+
+
+def ddp_exposed_seconds(buckets: list[float], backward: float, world: int, link: Link) -> float:
+    """The all-reduce time left after the backward: each bucket is ready once the backward has produced its
+    share of the gradients (gradients come at an even rate per byte), the all-reduces run one after another,
+    and what runs past the backward's end is exposed.
+
+    >>> link = Link(0.0, 1e9, "given")
+    >>> round(ddp_exposed_seconds([50e6, 50e6], backward=0.1, world=2, link=link), 6)  # 0.05 s each, from 0.05 s
+    0.05
+    >>> round(ddp_exposed_seconds([50e6, 50e6], backward=1.0, world=2, link=link), 6)  # the last one shows
+    0.05
+    """
+    total, ready, finish = sum(buckets), 0.0, 0.0
+    for size in buckets:
+        ready += size
+        start = max(backward * ready / total, finish)
+        finish = start + ring_all_reduce_seconds(size, world, link)
+    return max(0.0, finish - backward)
+
+
+def balanced_stages(costs: list[float], stages: int) -> list[list[int]]:
+    """Consecutive units in ``stages`` groups whose largest total cost is the smallest possible (the pipeline
+    strategy's default split, by FLOPs).
+
+    >>> balanced_stages([1, 1, 1, 1], 2), balanced_stages([3, 1, 1, 1], 2)
+    ([[0, 1], [2, 3]], [[0], [1, 2, 3]])
+    """
+    bounds = [0, *balanced_starts(costs, stages), len(costs)]
+    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+def unit_seconds(times: dict[str, Any], kind: str, unit: int, samples: float) -> float:
+    """Seconds of ``unit``'s ``kind`` (``forward`` or ``backward``) for ``samples`` images, from its times at the
+    measured batch sizes (:mod:`project.toolkit.plan.block_times`): a fixed cost plus a cost per image, the
+    line through the two sizes (per image alone where one size was measured).
+
+    >>> times = {"batch_sizes": [32, 8], "forward": [[0.40], [0.16]], "backward": [[0.8], [0.8]]}
+    >>> round(unit_seconds(times, "forward", 0, 16), 3), round(unit_seconds(times, "backward", 0, 4), 3)
+    (0.24, 0.8)
+    """
+    sizes = times["batch_sizes"]
+    values = [times[kind][k][unit] for k in range(len(sizes))]
+    if len(sizes) < 2 or sizes[0] == sizes[1]:
+        return values[0] * samples / sizes[0]
+    per_image = max(0.0, (values[0] - values[1]) / (sizes[0] - sizes[1]))
+    fixed = max(0.0, values[0] - per_image * sizes[0])
+    return fixed + per_image * samples
+
+
+def gpipe_step_seconds(forward: list[float], backward: list[float], micro_batches: int, message: float) -> float:
+    """GPipe's step: every micro-batch through the stages forward, then backward. Each phase is a flow of
+    ``m`` equal jobs through the stages: the sum of the stages' times plus ``m - 1`` times the slowest
+    stage's, and a message between stages on each of the ``m + p - 2`` slots after the first. With equal
+    stages of ``t`` (forward plus backward) that is ``(m + p - 1) t``: the bubble ``(p-1)/(m+p-1)``.
+
+    >>> gpipe_step_seconds([1, 1], [2, 2], 4, 0.0), gpipe_step_seconds([1, 3], [2, 6], 4, 0.0)
+    (15.0, 39.0)
+    """
+    phases = sum(forward) + sum(backward) + (micro_batches - 1) * (max(forward) + max(backward))
+    return phases + 2 * (micro_batches + len(forward) - 2) * message
+
+
+def gpipe_shared_seconds(
+    forward: list[float], backward: list[float], micro_batches: int, message: float, slowdown: float
+) -> tuple[float, list[float]]:
+    """GPipe's step when the stages share the cores (processes on one CPU): the schedule played out with
+    each stage's work slowed by how many stages compute at that moment -- ``slowdown`` when all ``p`` do,
+    none when one computes alone, in proportion between. Each stage runs its micro-batches' forwards, then
+    their backwards; a forward waits for the stage before it, a backward for the stage after it, each
+    ``message`` seconds later. Returns the step and each stage's busy (wall) seconds. Without sharing
+    (``slowdown`` 1) the step is :func:`gpipe_step_seconds`' with messages only where they delay a stage.
+
+    >>> gpipe_shared_seconds([1, 1], [2, 2], 2, 0.0, 1.0)
+    (9.0, [6.0, 6.0])
+    >>> gpipe_shared_seconds([1, 1], [2, 2], 2, 0.0, 2.0)  # both stages compute 4 of the 12 s, at half speed
+    (12.0, [9.0, 9.0])
+    """
+    stages, m = len(forward), micro_batches
+    # each stage's tasks in order: (phase, micro-batch, seconds of work alone)
+    tasks = [
+        [("F", i, forward[j]) for i in range(m)] + [("B", i, backward[j]) for i in range(m)] for j in range(stages)
+    ]
+    done: dict[tuple[int, str, int], float] = {}  # (stage, phase, micro-batch) -> finish time
+    position, left, started = [0] * stages, [0.0] * stages, [False] * stages
+    busy_seconds, now = [0.0] * stages, 0.0
+
+    def ready_at(j: int) -> float | None:
+        """When stage ``j``'s next task may start, or None while what it waits for has not finished."""
+        if position[j] == len(tasks[j]):
+            return None
+        phase, i, _ = tasks[j][position[j]]
+        own = done.get((j, *tasks[j][position[j] - 1][:2]), 0.0) if position[j] else 0.0
+        if phase == "F":
+            needed = (j - 1, "F", i) if j > 0 else None
+        else:
+            needed = (j + 1, "B", i) if j < stages - 1 else (j, "F", m - 1)
+        if needed is None:
+            return own
+        if needed not in done:
+            return None
+        return max(own, done[needed] + (message if needed[0] != j else 0.0))
+
+    while any(position[j] < len(tasks[j]) for j in range(stages)):
+        starts = [ready_at(j) for j in range(stages)]
+        running = [j for j in range(stages) if starts[j] is not None and starts[j] <= now + 1e-15]
+        for j in running:
+            if not started[j]:
+                left[j], started[j] = tasks[j][position[j]][2], True
+        waiting = [starts[j] - now for j in range(stages) if starts[j] is not None and starts[j] > now + 1e-15]
+        if not running:
+            now += min(waiting)
+            continue
+        rate = 1 / (1 + (slowdown - 1) * (len(running) - 1) / max(1, stages - 1))
+        step = min([left[j] / rate for j in running] + waiting)
+        now += step
+        for j in running:
+            left[j] -= step * rate
+            busy_seconds[j] += step
+            if left[j] <= 1e-12:
+                done[(j, *tasks[j][position[j]][:2])] = now
+                position[j], started[j] = position[j] + 1, False
+    return now, busy_seconds
