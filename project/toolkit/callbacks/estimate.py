@@ -1,7 +1,4 @@
-"""A warning before a long run on a CPU: :class:`CpuTimeEstimate` times the first training iterations
-and, when the whole fit would take longer than ``min_minutes``, prints one line with the estimate and
-the faster choices (smaller images, a GPU). The default job (112 px, 10 epochs) takes hours on a
-laptop's CPU; a user should hear that in the first minute, not find out at the end."""
+"""One line early in a long CPU fit with its estimated time and the faster choices: :class:`CpuTimeEstimate`."""
 
 from __future__ import annotations
 

@@ -9,11 +9,9 @@ from project.toolkit.host_memory import DEFAULT_TRIM_THRESHOLD_MB, keep_freed_ho
 
 
 class HostMemoryReuse(Callback):
-    """On a CPU run, tells glibc's allocator to keep freed memory for the next tensor instead of giving
-    it back to the kernel and faulting it in again: at the default 112 px a CPU trains 1.4x and tests
-    3x faster. The run's peak resident memory then stays held until it ends.
-    ``timing.json``'s ``environment.host_allocator`` says what was set. Runs on an accelerator are left as
-    they are: their activations live in its memory, under its own allocator.
+    """On a CPU run, glibc's allocator keeps freed memory for the next tensor instead of giving it back to the
+    kernel and faulting it in again (faster steps; the peak memory stays held until the end). Accelerator runs
+    are left alone: their activations live in the device's memory.
 
     Args:
         trim_threshold_mb: Free memory (MiB) the process keeps before giving some back to the kernel.

@@ -1,4 +1,4 @@
-"""Runs that can be repeated, and resumed, bit for bit."""
+"""Runs that can be repeated, and resumed, bit for bit: :class:`ReseedEveryEpoch`."""
 
 from __future__ import annotations
 
@@ -17,23 +17,13 @@ log = get_logger(__name__)
 
 
 class ReseedEveryEpoch(Callback):
-    """Make a run resumed from any checkpoint, at an epoch boundary or in the middle of an epoch,
-    continue exactly as the unbroken run would have.
+    """A run resumed from any checkpoint, at an epoch boundary or mid-epoch, goes on exactly as the unbroken run.
 
-    1. Every epoch re-seeds Python, NumPy and torch (all devices) from ``seed + epoch``. Lightning
-       seeds them once per process, so without this a resumed run would draw dropout masks (and
-       anything else random in the model) from a fresh generator.
-    2. Every checkpoint stores those generators' states, and a run resumed in the middle of an
-       epoch (from ``--checkpoint.every_n_train_steps``, or the checkpoint saved on SIGTERM) puts
-       them back: the next step draws what the unbroken run's next step drew.
-    3. On the first epoch after a resume, the training iterator is rebuilt. Lightning creates it
-       while setting up the optimizer (``estimated_stepping_batches``), before the checkpoint
-       restores the epoch, so it would replay epoch 0. In the middle of an epoch, the sampler first
-       leaves out the batches the checkpoint has trained on (``TrainingSampler.resume_at``).
-
-    The data order and the augmentation of every image depend only on (seed, epoch, image index)
-    (:mod:`project.data`), whatever the number of DataLoader workers. Does nothing when the run is
-    not seeded (``--seed_everything=null``).
+    Every epoch re-seeds Python, NumPy and torch from ``seed + epoch`` (Lightning seeds once per process); every
+    checkpoint stores the generators' states, which a mid-epoch resume puts back; on the first epoch after a
+    resume the training iterator is rebuilt (Lightning makes it before the checkpoint restores the epoch), and the
+    sampler skips the batches the checkpoint trained on. The data order and augmentation depend only on (seed,
+    epoch, image index). Nothing happens in a run that is not seeded (``--seed_everything=null``).
     """
 
     def __init__(self) -> None:

@@ -1,47 +1,8 @@
-"""Honest numbers for training and inference that do not slow down what they measure:
-:class:`TimingCallback`.
+"""Honest numbers for training and inference that do not slow down what they measure: :class:`TimingCallback`.
 
-Every rank times itself through a :class:`project.toolkit.measure.devices.DeviceClock`. Inside an epoch or
-a test/predict stage it only *marks* points in the device's work -- on CUDA, events recorded on the
-current stream, so the host never waits for the GPU and the next batch's copies and launches still
-overlap the current step. The device is waited for once at each epoch or stage boundary, and the
-marks are read then. Ranks exchange their records once per epoch and once at the end of a stage
-(:mod:`project.toolkit.measure.summary`); rank 0 writes them out.
-
-What each figure is (``timing.json`` in the run folder holds them; ``docs/timing.md`` the details):
-
-- training epoch: host wall time from ``on_train_epoch_start`` to ``on_train_epoch_end``, with the
-  device waited for at both ends, minus the validation runs inside it; the process's first epoch
-  (warm-up, compilation, worker start-up) is reported on its own, outside the steady mean and std;
-- iteration: from ``on_train_batch_start`` to ``on_train_batch_end`` (forward, backward, optimizer
-  step), the first ``warmup_iterations`` of the process left out. On CUDA it is the GPU's time
-  between two events: from when the GPU reached the batch's start (after the work queued before
-  it) to when it finished the step. On a CPU it is host time, which there is the same thing. On XLA
-  it is the host's tracing and dispatch only (a per-step wait would serialise the lazy pipeline):
-  there, epoch times are the ones to compare. ``sync_every_step=True`` gives the old, fully
-  synchronised per-step wall times everywhere, at the cost of that overlap;
-- data wait: from the end of one training batch to the start of the next (the loop waiting for the
-  loader, the copy to the device, the on-device augmentation, the loop's bookkeeping), on the device's
-  clock as the iteration is (on CUDA the GPU's time between the two events: idle, or on the batch's
-  preparation), as a fraction of the epoch time, beside the input path the run took
-  (``input_path``, ``num_workers``, ``input_path_reason``); above 10 % a line says so and names the
-  option that would help;
-- test / predict: per-batch latency (mean, std, p50, p90, p99; on CUDA from events as above) after
-  ``warmup_iterations`` batches, per-sample latency and samples per second of that compute;
-- work: the network's FLOPs per training and per inference sample, counted once
-  (:mod:`project.toolkit.measure.flops`), hence TFLOP/s achieved (all ranks) and, where the device's peak
-  for the run's precision is known, MFU; ``null`` elsewhere (a CPU), never a guess;
-- pipeline bubble (``pipeline`` only): each rank's share of its step time spent waiting on the other
-  stages, measured by the strategy (its ``bubble_fraction``); a pipeline's samples are counted once,
-  though every stage sees them (its ``sample_copies``);
-- peak memory: CUDA's peak allocated memory of every GPU the process used; on CPU the process's
-  peak resident set size; XLA's peak where the runtime reports it. Peaks are since the process
-  started, so run fit and test as separate commands (as ``python -m project bench`` does).
-
-Rank 0 writes TensorBoard scalars (``time/...``, ``memory/...``) every epoch and at the end, at the
-step of the epoch's own ``train/*`` and ``val/*`` metrics (test and predict: at ``test/acc``'s), merges
-its stage's keys and the run's environment (:mod:`project.toolkit.measure.environment`) into
-``<log_dir>/timing.json`` at the end of fit, test and predict, and prints a short table.
+Inside an epoch or a test/predict stage every rank only *marks* points of the device's work (CUDA events, no
+wait); the device is waited for once at each epoch or stage boundary, the ranks exchange their records, and
+rank 0 writes TensorBoard scalars, ``timing.json`` and a table. What each figure is: ``docs/timing.md``.
 """
 
 from __future__ import annotations
@@ -96,32 +57,20 @@ log = get_logger(__name__)
 
 
 class TimingCallback(Callback):
-    """Times training epochs and iterations, data wait, validation, test/predict latency, the work
-    done (FLOPs, MFU) and peak memory on every rank, and reports them from rank 0 (TensorBoard,
-    ``timing.json``, a table).
+    """Times epochs, iterations, data wait, validation, test/predict latency, the work done (FLOPs, MFU), where a
+    step's time goes and peak memory on every rank; rank 0 reports them.
 
     Args:
-        warmup_iterations: Training iterations (and test/predict batches) at the start of the
-            process left out of the per-iteration statistics: the first steps pay for memory
-            allocation, cuDNN autotuning and compilation.
-        sync_every_step: Wait for the device at every batch boundary, for fully synchronised
-            per-step wall times. Off by default: on a GPU the waits stall the host and so slow the
-            run they measure; iterations are then timed with CUDA events instead.
-        peak_tflops: The dense peak TFLOP/s of ONE device at the run's precision, for MFU. By
-            default it is looked up by device name and precision (H100, H200, A100, L4, ...); on
-            a CPU or an unknown device MFU is null unless this is given.
-        anatomy_steps: Steady training steps (after the warm-up, not an epoch's first) over which each rank's
-            step is split into data wait, compute, communication, optimizer, pipeline bubble and the rest
-            (``step_anatomy`` in ``timing.json``, :mod:`project.toolkit.measure.anatomy`); 0 switches it off.
-            Only inside these steps is anything more marked, and the device waited for at their two ends.
-        block_times: After a single-device fit, time each of the network's declared blocks, forward and
-            backward, at the batch size and a quarter of it (``network.block_seconds``, what
-            ``python -m project plan`` predicts a pipeline from; :mod:`project.toolkit.plan.block_times`).
-            It costs about as much as 2-3 training steps, once, after the last one.
+        warmup_iterations: First training iterations (and test/predict batches) left out of the statistics.
+        sync_every_step: Wait for the device at every batch boundary (fully synchronised per-step wall times,
+            at the cost of the overlap they measure); off: CUDA events.
+        peak_tflops: Dense peak TFLOP/s of ONE device at the run's precision, for MFU; null: looked up by name.
+        anatomy_steps: Steady steps over which each rank's step is split into its parts (``step_anatomy``); 0: off.
+        block_times: After a single-device fit, time each declared block forward and backward (what ``python -m
+            project plan`` predicts a pipeline from; about 2-3 steps, once).
 
     Attributes:
-        make_clock: Builds the clock for a device, ``(device, sync_every_step) -> DeviceClock``;
-            tests replace it with a fake asynchronous device.
+        make_clock: ``(device, sync_every_step) -> DeviceClock``; tests replace it with a fake asynchronous device.
     """
 
     def __init__(
@@ -156,8 +105,6 @@ class TimingCallback(Callback):
         self._blocks: list | None = None  # the network's declared blocks, for the timing after the fit
         self._anatomy = anatomy.AnatomyWindow(self._clock, 0, 0)
         self._ddp_probe: probes.DDPProbe | None = None
-
-    # -- fit ---------------------------------------------------------------------------------
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._device = trainer.strategy.root_device
@@ -275,8 +222,6 @@ class TimingCallback(Callback):
         if advice:  # over a tenth of the epoch: say so, and what would help
             log.warning(advice)
 
-    # -- test and predict --------------------------------------------------------------------
-
     def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._inference = InferenceRecorder(self._clock)
 
@@ -325,8 +270,6 @@ class TimingCallback(Callback):
             scalars[f"time/{stage}/{key}"] = report[f"{stage}_{key}"]
         scalars.update({f"memory/{stage}/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
         self._publish(trainer, log_dir, report, scalars, step=trainer.global_step, title=stage)
-
-    # -- shared ------------------------------------------------------------------------------
 
     def _gather(self, trainer: Trainer, record: Any) -> list[tuple[Any, Memory]]:
         """Every rank's record and peak memory; a collective that every rank calls."""

@@ -1,5 +1,5 @@
-"""What the timing callback reports besides its own records: the run's description, the network's counts, the
-ranks' gathered extras, TensorBoard scalars and the merged ``timing.json``."""
+"""What the timing callback reports besides its records: the run's description, the network's counts, gathered
+extras, TensorBoard scalars and ``timing.json``."""
 
 from __future__ import annotations
 
@@ -19,16 +19,13 @@ from torch import nn
 from project.toolkit.data.datamodule import data_settings, image_channels
 from project.toolkit.measure.devices import tensor_bytes
 
-# Counts of a network (FLOPs, sizes) by what counts it, network structure and input: a process that runs fit,
-# then test (or a test suite that runs many short fits) counts each network once.
+# A network's counts (FLOPs, sizes) by counter, structure and input: a process counts each network once.
 COUNTED: dict[tuple, Any] = {}
 
 
 def counted(trainer: Trainer, pl_module: LightningModule, count: Callable[..., dict[str, Any]], **extra: Any) -> Any:
     """``count(net, image_size=..., channels_last=..., in_channels=..., **extra)`` of ``pl_module.net`` as the data
-    feeds it (:func:`~project.toolkit.measure.flops.model_flops_per_sample`,
-    :func:`~project.toolkit.plan.network.network_profile`), once per network and input; rank 0 only (it
-    alone reports them), None where unknown (a module without ``net``, data without ``image_size``)."""
+    feeds it, on rank 0 (which reports it); None without a ``net`` or an ``image_size``."""
     net = getattr(pl_module, "net", None)
     image_size = data_settings(trainer).get("image_size")
     if not trainer.is_global_zero or not isinstance(net, nn.Module) or not image_size:
@@ -57,8 +54,7 @@ def sample_copies(trainer: Trainer) -> int:
 
 
 def gather_bubble(trainer: Trainer, scope: str) -> list[float] | None:
-    """Every rank's measured pipeline bubble over the epoch or the fit (the strategy's
-    ``bubble_fraction``), None for a strategy without one; a collective where there is one."""
+    """Every rank's pipeline bubble over the epoch or the fit; None for a strategy without one. A collective."""
     measure = getattr(trainer.strategy, "bubble_fraction", None)
     if measure is None:
         return None
@@ -68,10 +64,8 @@ def gather_bubble(trainer: Trainer, scope: str) -> list[float] | None:
 
 
 def all_gather(strategy: Any) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The strategy's ``all_gather`` (every rank's tensor, stacked), through torch.distributed's own
-    collective where a process group runs: Lightning's goes through the deprecated
-    ``torch.distributed.nn.functional.all_gather`` (with autograd, unneeded here), which warns on every
-    multi-process run. XLA keeps its strategy's."""
+    """Every rank's tensor, stacked: torch.distributed's collective where a process group runs (Lightning's
+    all_gather goes through a deprecated autograd one that warns on every run), else the strategy's."""
 
     def gather(tensor: torch.Tensor) -> torch.Tensor:
         if not (dist.is_available() and dist.is_initialized()) or strategy.root_device.type == "xla":
@@ -84,16 +78,14 @@ def all_gather(strategy: Any) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def log_scalars(trainer: Trainer, metrics: dict[str, float | None], step: int) -> None:
-    """Rank 0 writes straight to the loggers: ``self.log`` is not allowed in the end hooks, and
-    would average across ranks where the slowest rank is wanted."""
+    """Straight to the loggers: ``self.log`` is not allowed in the end hooks, and would average over ranks."""
     present = {k: v for k, v in metrics.items() if v is not None and not math.isnan(v)}
     for logger in trainer.loggers:
         logger.log_metrics(present, step=step)
 
 
 def epoch_end_step(trainer: Trainer) -> int:
-    """The x of a training epoch's figures: the step Lightning logs the epoch's ``train/acc`` and
-    ``val/acc`` at (its last optimizer step), so time and memory share the loss curves' axis."""
+    """The step Lightning logs an epoch's ``train/acc`` and ``val/acc`` at: time and memory share their axis."""
     return max(trainer.global_step - 1, 0)
 
 
@@ -121,8 +113,7 @@ def run_description(trainer: Trainer, pl_module: LightningModule) -> dict[str, A
 
 
 def input_description(trainer: Trainer) -> dict[str, Any]:
-    """The input path the run's data module took (``on_device`` or ``dataloader``), its DataLoader
-    workers and why; nothing for data that is not such a module."""
+    """The input path the data module took, its workers and why; nothing for other data modules."""
     path = getattr(trainer.datamodule, "input_path", None)
     if path is None:
         return {}
@@ -130,9 +121,7 @@ def input_description(trainer: Trainer) -> dict[str, Any]:
 
 
 def update_timing_json(path: Path, report: dict[str, Any]) -> dict[str, Any]:
-    """Merge ``report`` into the JSON file at ``path`` (fit and test each add their keys) and
-    return the merged content. Written under a temporary name and renamed, so a reader (the
-    bench) never sees half a file."""
+    """Merge ``report`` into the JSON file at ``path`` (fit and test each add their keys), atomically."""
     merged = json.loads(path.read_text()) if path.is_file() else {}
     merged.update(report)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,13 +132,10 @@ def update_timing_json(path: Path, report: dict[str, Any]) -> dict[str, Any]:
 
 
 def batch_size_of(batch: Any) -> int:
-    """The number of samples in ``batch``: the length of its first tensor where it is a tuple or list starting
-    with one, as a data set's batches are (``(images, labels)``); else Lightning's ``extract_batch_size``,
-    which walks any collection for a tensor at some 20 Python calls a batch.
+    """Samples in ``batch``: its first tensor's length (a data set's ``(images, labels)``), else Lightning's rule.
 
     >>> batch_size_of((torch.zeros(5, 3), torch.zeros(5))), batch_size_of({"x": torch.zeros(2, 4)})
     (5, 2)
     """
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) and batch[0].ndim:
-        return batch[0].shape[0]  # not len(): Tensor.__len__ is Python, with checks of its own
-    return extract_batch_size(batch)
+    first = batch[0] if isinstance(batch, (tuple, list)) and batch else None
+    return first.shape[0] if isinstance(first, torch.Tensor) and first.ndim else extract_batch_size(batch)

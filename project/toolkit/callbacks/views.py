@@ -1,21 +1,6 @@
-"""What a run shows in TensorBoard beyond its scalars: :class:`TensorBoardViews`.
-
-- A custom-scalars layout (TensorBoard's CUSTOM SCALARS tab, ``#custom_scalars``): accuracy, loss,
-  throughput, epoch time and peak memory side by side in one row, test/predict latency in the next,
-  every run of the log folder overlaid in each chart. TensorBoard merges the layouts of the runs it
-  shows, skipping duplicates, so each run writing the same layout costs nothing.
-- The hyperparameters with real metrics (the HPARAMS tab), written once at the end of fit: the
-  model's and the data's hyperparameters and how the run was spread, against the final and best
-  ``val/acc`` and the training throughput and epoch time the timing callback measured. Lightning's
-  placeholder ``hp_metric=-1`` is not written.
-
-Every scalar of a run is on one x axis, the global step (see :mod:`project.toolkit.callbacks.timing`), so the
-charts of one row line up; Lightning's ``epoch`` scalar, whose chart TensorBoard opened on, is left out.
-
-What TensorBoard does not let a run choose: the tab it opens on (the SCALARS tab; the end-of-run summary
-and ``make tensorboard`` give the address of the CUSTOM SCALARS tab, ``http://localhost:6006/#custom_scalars``),
-and the colours of the runs. A run's name is its folder; ``make tensorboard`` names each run by its
-setup instead (:func:`project.toolkit.cli.run_dirs.tensorboard_logdir_spec`).
+"""What a run shows in TensorBoard beyond its scalars (:class:`TensorBoardViews`): a custom-scalars layout
+(accuracy, loss, throughput, epoch time and memory side by side, every run overlaid) and, at the end of fit, the
+hyperparameters against real metrics (the HPARAMS tab). Every scalar is against the global step.
 """
 
 from __future__ import annotations
@@ -59,9 +44,7 @@ HPARAM_METRICS = (
 
 class TensorBoardViews(Callback):
     """Writes the custom-scalars layout into every TensorBoard run, and at the end of fit the run's
-    hyperparameters with its final and best ``val/acc`` and training throughput (no placeholder
-    ``hp_metric``). Place it after the TimingCallback, whose figures it reports. Does nothing
-    without a TensorBoardLogger."""
+    hyperparameters with its final and best ``val/acc`` and throughput. Put it after the TimingCallback."""
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if trainer.is_global_zero:
@@ -99,9 +82,8 @@ def _number(value: Any) -> float | None:
 
 
 def final_metrics(trainer: Trainer) -> dict[str, float | None]:
-    """The HPARAMS tab's metrics: the last and the best ``val/acc`` (None without validation or
-    checkpointing), the steady training throughput and epoch time (None without the timing callback,
-    or with a single epoch for the epoch time)."""
+    """The HPARAMS tab's metrics: the last and best ``val/acc``, the steady throughput and epoch time (None where
+    the run has none)."""
     timing = next((c.report for c in trainer.callbacks if isinstance(c, TimingCallback)), {})
     checkpoint = trainer.checkpoint_callback
     best = checkpoint.best_model_score if isinstance(checkpoint, ModelCheckpoint) else None
@@ -114,8 +96,7 @@ def final_metrics(trainer: Trainer) -> dict[str, float | None]:
 
 
 def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
-    """The columns of the HPARAMS tab: the model's and the data's hyperparameters, how the run was
-    spread (strategy, devices, precision, ...) and its length."""
+    """The HPARAMS tab's columns: the model's and data's hyperparameters, how the run was spread, its length."""
     params = run_description(trainer, pl_module)  # arch, image and batch size among them, unprefixed
     data = data_settings(trainer)
     for name, value in [*pl_module.hparams.items(), *data.items()]:
