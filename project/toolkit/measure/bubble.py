@@ -1,6 +1,4 @@
-"""The pipeline bubble: how much of each stage's step time it spends waiting on the other stages
-(:class:`BubbleMeter`, filled by :class:`project.toolkit.strategies.pipeline.PipelineStrategy`, read by the timing
-callback through the strategy's ``bubble_fraction``)."""
+"""The pipeline bubble: each stage's share of its step time spent waiting on the other stages."""
 
 from __future__ import annotations
 
@@ -13,13 +11,8 @@ import torch
 
 
 class BubbleMeter:
-    """The measured pipeline bubble of one process: the share of its training steps' time (the schedule's
-    step: forward, backward and messages) in which its stage did NOT compute, i.e. waited for other stages.
-
-    Compute is the stage's ``forward_one_chunk`` and ``backward_one_chunk`` calls and the loss. On a CPU
-    host times; on CUDA events on the stream, read only when a fraction is asked for (at an epoch's end,
-    where the timing callback waits for the device anyway). The process's first step is left out: it also
-    exchanges the activations' shapes between the stages."""
+    """One process's share of its schedule steps' time in which its stage did not compute, the first step (which
+    also exchanges the activations' shapes) left out; CUDA events are read only when a fraction is asked for."""
 
     def __init__(self, device: torch.device) -> None:
         self._cuda = device.type == "cuda"
@@ -27,9 +20,7 @@ class BubbleMeter:
         self._compute: list[Any] = []
         self._steps = 0
         self.totals = {"epoch": [0.0, 0.0], "fit": [0.0, 0.0]}  # [step seconds, compute seconds]
-        # The step anatomy's window while it is open (project.toolkit.measure.anatomy.AnatomyWindow): it is
-        # told each schedule step and compute call, on its own clock.
-        self.observer: Any = None
+        self.observer: Any = None  # the step anatomy's AnatomyWindow while it is open
 
     def _observed(self, kind: str) -> Any:
         return self.observer.interval(kind) if self.observer is not None else contextlib.nullcontext()
@@ -50,7 +41,7 @@ class BubbleMeter:
             self._compute.append((start, self._mark()))
 
     def timed_loss(self, loss: Callable[..., Any]) -> Callable[..., Any]:
-        """``loss`` with its calls counted as compute (a pipeline's last stage computes it per micro-batch)."""
+        """``loss`` with its calls counted as compute (the last stage computes it per micro-batch)."""
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             with self.compute():
@@ -82,8 +73,7 @@ class BubbleMeter:
         return end - start
 
     def fraction(self, scope: str) -> float | None:
-        """The bubble over the steps of this epoch (``epoch``; starts the next epoch's count) or of the
-        whole fit (``fit``); None before any step was measured."""
+        """The bubble over this epoch's steps (``epoch``, which restarts the count) or the fit's (``fit``)."""
         for interval, compute in self._pending:
             step, busy = self._seconds(interval), sum(self._seconds(c) for c in compute)
             for totals in self.totals.values():

@@ -1,20 +1,5 @@
-"""Reading time and memory on a device without changing what is measured.
-
-A GPU runs its work asynchronously: a host clock read after launching a step measures the launch,
-not the step, and waiting for the device before every reading (``torch.cuda.synchronize``) stalls
-the host until the GPU is idle, so the next step's copies and launches can no longer overlap the
-current one -- the measurement slows the run it measures. A :class:`DeviceClock` therefore splits
-reading time in two:
-
-- :meth:`DeviceClock.mark` notes a point in the device's stream of work and never waits (on CUDA it
-  records an event on the current stream; on a synchronous CPU it reads the host clock);
-- :meth:`DeviceClock.wait` waits for the device once and returns the host time; after it,
-  :meth:`DeviceClock.seconds` turns pairs of marks into seconds.
-
-The timing callback marks every batch and waits only at epoch and stage boundaries.
-:func:`device_clock` picks the clock for a device; ``sync_every_step=True`` gives the old, fully
-synchronised per-step wall times (:class:`SyncingClock`).
-"""
+"""Reading time and memory on a device without changing what is measured: a :class:`DeviceClock` marks points in the
+device's work without waiting, and waits only at epoch and stage ends (a wait per step would stall the host)."""
 
 from __future__ import annotations
 
@@ -32,31 +17,18 @@ MIB = 2**20
 
 
 class DeviceClock(Protocol):
-    """What the timing callback needs of a device to time it (tests inject a fake one)."""
+    """What the timing callback needs of a device (tests inject a fake one): ``mark`` a point without waiting, ``wait``
+    for the queued work and read ``perf_counter``, the ``seconds`` between two marks (after a wait following both)."""
 
-    def mark(self) -> Any:
-        """A point in the device's work, taken without waiting for the device."""
+    def mark(self) -> Any: ...
 
-    def wait(self) -> float:
-        """Wait for every queued device operation; then the host clock (``perf_counter``), in seconds."""
+    def wait(self) -> float: ...
 
-    def seconds(self, start: Any, end: Any) -> float:
-        """Seconds between two marks; only valid after a :meth:`wait` that followed both."""
+    def seconds(self, start: Any, end: Any) -> float: ...
 
 
 class HostClock:
-    """Marks are host times (``perf_counter``) and :meth:`wait` calls ``synchronize``.
-
-    Right for a CPU, whose operations have finished when they return (``synchronize`` does nothing).
-    On XLA, ``synchronize`` is ``xm.wait_device_ops``: per-step marks then time the host's tracing
-    and dispatch, and the device's work is waited for only at the boundaries, since a per-step wait
-    would serialise the lazy-tensor pipeline as surely as a CUDA sync does.
-
-    >>> clock = HostClock()
-    >>> start = clock.mark(); end = clock.mark(); _ = clock.wait()
-    >>> clock.seconds(start, end) >= 0
-    True
-    """
+    """Host-time marks; :meth:`wait` synchronizes (a CPU; XLA, whose lazy tensors a per-step wait would serialise)."""
 
     def __init__(self, synchronize: Callable[[], None] | None = None) -> None:
         self._synchronize = synchronize
@@ -74,20 +46,14 @@ class HostClock:
 
 
 class SyncingClock(HostClock):
-    """Waits for the device at every mark: per-step wall times that include all of the step's device
-    work, at the price of the overlap described above (``--timing.sync_every_step=true``)."""
+    """Waits for the device at every mark (``--timing.sync_every_step=true``), at the price of the overlap."""
 
     def mark(self) -> float:
         return self.wait()
 
 
 class CudaEventClock:
-    """Marks are CUDA events recorded on the current stream (the host does not wait when recording);
-    their times are read once, after :meth:`wait`'s single ``synchronize``.
-
-    The seconds between two marks are the device's: from the moment the GPU reached the first mark
-    (after the work queued before it) to the moment it reached the second.
-    """
+    """CUDA events on the current stream, read after :meth:`wait`'s one ``synchronize``: the device's own time."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -106,8 +72,7 @@ class CudaEventClock:
 
 
 def synchronizer(device: torch.device) -> Callable[[], None] | None:
-    """A function that returns once ``device`` has finished the work queued on it; None for a CPU,
-    whose operations have finished when they return."""
+    """A function that returns once ``device`` has finished its queued work; None for a CPU."""
     if device.type == "cuda":
         return functools.partial(torch.cuda.synchronize, device)
     if device.type == "mps":
@@ -120,22 +85,13 @@ def synchronizer(device: torch.device) -> Callable[[], None] | None:
 
 
 def device_clock(device: torch.device, sync_every_step: bool = False) -> DeviceClock:
-    """The clock that times ``device`` without per-step synchronisation (CUDA events; host times on
-    a CPU and on XLA), or, with ``sync_every_step`` (and on MPS, which has no event timing here),
-    one that waits for the device at every mark.
-
-    >>> type(device_clock(torch.device("cpu"))).__name__, type(device_clock(torch.device("cpu"), True)).__name__
-    ('HostClock', 'SyncingClock')
-    """
+    """The clock that times ``device`` without per-step waits; with ``sync_every_step`` and on MPS, at every mark."""
     synchronize = synchronizer(device)
     if sync_every_step or device.type == "mps":
         return SyncingClock(synchronize)
     if device.type == "cuda":
         return CudaEventClock(device)
     return HostClock(synchronize)
-
-
-# --------------------------------------------------------------------------- memory
 
 
 def process_peak_rss_mb() -> float:
@@ -145,11 +101,7 @@ def process_peak_rss_mb() -> float:
 
 
 def peak_memory_mb(device: torch.device) -> list[tuple[int, float]]:
-    """``(device index, peak MiB)`` for each device this process used; index -1 is the host.
-
-    CUDA: every GPU with allocations (DataParallel drives several from one process). XLA: the
-    runtime's peak if it reports one, else NaN. Anything else: the process's peak resident memory.
-    """
+    """``(device index, peak MiB)`` per device this process used: CUDA GPUs, XLA's peak, else the host's (-1)."""
     if device.type == "cuda":
         peaks = [(i, torch.cuda.max_memory_allocated(i) / MIB) for i in range(torch.cuda.device_count())]
         return [(i, mb) for i, mb in peaks if mb > 0] or [(device.index or 0, 0.0)]
@@ -159,7 +111,6 @@ def peak_memory_mb(device: torch.device) -> list[tuple[int, float]]:
 
 
 def _xla_peak_mb(device: torch.device) -> float:
-    """The XLA runtime's peak memory of ``device`` in MiB, or NaN where it reports none."""
     import torch_xla.core.xla_model as xm
 
     try:
@@ -170,16 +121,9 @@ def _xla_peak_mb(device: torch.device) -> float:
 
 
 def tensor_bytes(obj: Any) -> int:
-    """The bytes of every tensor in a (nested) dict, list or tuple: a unit's output, an optimizer's state,
-    a checkpoint (about the size of its file).
-
-    >>> tensor_bytes({"a": torch.zeros(4), "b": [torch.zeros(2, dtype=torch.float64), 3]})
-    32
-    """
+    """The bytes of every tensor in a (nested) dict, list or tuple: an output, an optimizer's state, a checkpoint."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
+        obj = list(obj.values())
+    return sum(tensor_bytes(v) for v in obj) if isinstance(obj, list | tuple) else 0

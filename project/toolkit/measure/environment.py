@@ -1,5 +1,4 @@
-"""Where a figure was taken: the machine in one line (:func:`machine_description`) and the record a published
-result needs to be compared or reproduced (:func:`run_environment`), read mostly through ``torch.utils.collect_env``."""
+"""Where a figure was taken: the machine in one line, and the record a result needs to be compared or reproduced."""
 
 from __future__ import annotations
 
@@ -21,15 +20,9 @@ GIT_TIMEOUT_S = 5.0  # git on a slow network file system should not hold up a re
 
 
 def machine_description() -> str:
-    """The machine in one line (no host name): system, CPU cores, GPUs, torch.
-
-    >>> "torch" in machine_description()
-    True
-    """
-    gpus = (
-        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    )
-    accelerators = f"{len(gpus)} x {gpus[0]}" if gpus else "no GPU"
+    """The machine in one line (no host name): system, CPU cores, GPUs, torch."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    accelerators = f"{count} x {torch.cuda.get_device_name(0)}" if count else "no GPU"
     system = f"{platform.system()} {platform.machine()}"
     return f"{system}, {usable_cores()} CPU cores, {accelerators}, torch {torch.__version__}"
 
@@ -54,8 +47,7 @@ def template_root() -> Path:
 
 
 def git_state(repo: Path) -> tuple[str | None, bool | None]:
-    """``(commit, dirty)`` of the git checkout whose top is ``repo``, else ``(None, None)`` (an installed package,
-    no git, no commit, no answer within :data:`GIT_TIMEOUT_S`). Untracked files (runs, logs) do not count."""
+    """``(commit, dirty)`` of the git checkout whose top is ``repo`` (untracked files do not count), else Nones."""
 
     def git(*args: str) -> str | None:
         try:
@@ -69,15 +61,12 @@ def git_state(repo: Path) -> tuple[str | None, bool | None]:
     top = git("rev-parse", "--show-toplevel")
     if top is None or Path(top).resolve() != repo.resolve():
         return None, None
-    commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
-    if commit is None or status is None:
-        return None, None
-    return commit, bool(status)
+    commit, status = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    return (None, None) if commit is None or status is None else (commit, bool(status))
 
 
 def _cudnn_version() -> str | None:
-    """cuDNN's ``major.minor.patch`` from torch's one integer (``major*10000 + ...`` from cuDNN 9, ``*1000`` before)."""
+    # torch's one integer: major * 10000 + ... from cuDNN 9, major * 1000 before
     number = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     if number is None:
         return None
@@ -94,7 +83,7 @@ def _nccl_version() -> str | None:
 
 
 def _package_version(name: str) -> str | None:
-    """The installed version, from the package's metadata: no import (``import lightning`` takes seconds)."""
+    # from the package's metadata: importing lightning takes seconds
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -102,18 +91,11 @@ def _package_version(name: str) -> str | None:
 
 
 def run_environment(repo: Path | None = None) -> dict[str, Any]:
-    """Where a figure comes from, as JSON-ready values: the device (the first GPU, or the CPU and its usable
-    cores), the CPU, the host allocator, the OS and driver, the versions of CUDA, cuDNN, NCCL, torch, Lightning,
-    torchvision and Python, the host, the template's git commit and whether it was changed, the date (UTC).
-
-    >>> sorted(run_environment())[:4]
-    ['cpu_cores', 'cpu_model', 'cuda', 'cudnn']
-    """
+    """Where a figure comes from, JSON-ready: device, CPU, OS, versions, host, git commit and date (UTC)."""
     cpu, cores = cpu_model(), usable_cores()
-    if torch.cuda.is_available():
-        device_name, device_count = torch.cuda.get_device_name(0), torch.cuda.device_count()
-    else:
-        device_name, device_count = cpu, cores
+    gpu = torch.cuda.is_available()
+    device_name = torch.cuda.get_device_name(0) if gpu else cpu
+    device_count = torch.cuda.device_count() if gpu else cores
     commit, dirty = git_state(template_root() if repo is None else repo)
     return {
         "device_name": device_name,

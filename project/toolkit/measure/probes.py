@@ -1,16 +1,5 @@
-"""What the step anatomy (:mod:`.anatomy`) observes inside a step, through public hooks only, each installed
-when its window opens and removed when it closes:
-
-- every strategy: the end of the optimizer step (torch's global optimizer post-step hook);
-- ddp: from the last gradient bucket handed to its all-reduce (a DDP communication hook, registered once,
-  before the first backward) to the backward's end, where DDP waits for the all-reduces still running;
-- fsdp: each unit's all-gather before its forward (module forward pre-hooks around FSDP2's own);
-- pipeline: its schedule, its compute and the broadcast of each batch's loss (the strategy's BubbleMeter).
-
-Where no public hook exists the time stays inside another part (docs/timing.md): DDP's buffer broadcast at each
-forward in the forward, FSDP2's backward all-gathers and reduce-scatters in the backward, DataParallel's
-scatter, replicate and gather in the compute.
-"""
+"""What the step anatomy observes inside a step, through public hooks while its window is open: the optimizer
+step's end, ddp's last all-reduces, fsdp's pre-forward all-gathers, and a pipeline's schedule (docs/timing.md)."""
 
 from __future__ import annotations
 
@@ -26,7 +15,6 @@ log = get_logger(__name__)
 
 
 def _while_open(window: AnatomyWindow, install: Any) -> None:
-    """Install hooks when the window opens (``install()`` returns their handles) and remove them when it closes."""
     handles: list[Any] = []
     window.on_open.append(lambda: handles.extend(install()))
 
@@ -46,7 +34,7 @@ class DDPProbe:
         self.window = window
         self.last_launch: Any = None
 
-        # No annotations: DDP checks a hook's ``bucket`` annotation, and this module's are strings.
+        # no annotations: DDP checks a hook's ``bucket`` annotation, and this module's are strings
         def hook(process_group, bucket):  # type: ignore[no-untyped-def]
             if window.open:
                 self.last_launch = window.mark()
@@ -61,8 +49,7 @@ class DDPProbe:
 
 
 def _fsdp_gathers(window: AnatomyWindow, net: nn.Module) -> None:
-    """Each FSDP2 unit's pre-forward (its parameters' all-gather and the wait for it) as communication: a hook
-    put before FSDP's own marks the start, one after it the end."""
+    """Each FSDP2 unit's pre-forward all-gather as communication: hooks before and after FSDP's own."""
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
@@ -87,8 +74,8 @@ def _fsdp_gathers(window: AnatomyWindow, net: nn.Module) -> None:
 
 
 def attach(window: AnatomyWindow, trainer: Any, pl_module: nn.Module) -> DDPProbe | None:
-    """Attach every probe that fits this run to ``window``; returns ddp's probe, which the timing callback tells
-    where each backward ended. Call once the strategy has wrapped the model, before the first backward."""
+    """Attach the probes that fit this run to ``window`` (the model wrapped, before the first backward); returns
+    ddp's probe, which the timing callback tells where each backward ended."""
     strategy = trainer.strategy
     _while_open(window, lambda: [register_optimizer_step_post_hook(lambda *args: window.point("optimizer_end"))])
     ddp_probe = None

@@ -1,16 +1,4 @@
-"""Raw per-step time stamps of a Lightning run, for comparing it step by step with a plain loop:
-:class:`StepStamps`.
-
-The timing callback summarises; this records: one ``perf_counter()`` per batch, waiting for the
-device first where it runs asynchronously, exactly as the plain PyTorch loops of ``benchmarks/``
-stamp their own steps -- so both sides of a comparison pay the same for being observed. Beside each
-wall-clock stamp it records the process's CPU time (``process_time()``, all its threads), under
-``"cpu"`` in the same layout: on a CPU shared with other work, the CPU seconds a step costs change far
-less with the load than its wall time. Add it to any run by its class path::
-
-    python -m project fit ... --trainer.callbacks+=project.toolkit.measure.stamps.StepStamps \\
-        --trainer.callbacks.path=stamps.json
-"""
+"""Raw per-step time stamps of a Lightning run, taken as the plain loops of ``benchmarks/`` take theirs."""
 
 from __future__ import annotations
 
@@ -25,10 +13,8 @@ from project.toolkit.measure.devices import SyncingClock, synchronizer
 
 
 class StepStamps(Callback):
-    """Writes ``perf_counter()`` stamps to ``path`` (JSON) at the end of fit, test and predict:
-    ``epoch_starts`` and ``train_end`` (after the last checkpoint), ``train_batch_ends`` (a list per
-    epoch), and ``eval_batches`` (``[start, end, images]`` of every test or predict batch); and under
-    ``"cpu"`` the same stamps in process CPU seconds."""
+    """Writes ``perf_counter()`` stamps to ``path`` (JSON) at the end of fit, test and predict, and under ``"cpu"``
+    the process CPU seconds, which change far less than wall time with a shared CPU's load."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
@@ -38,11 +24,9 @@ class StepStamps(Callback):
         self._start = (0.0, 0.0)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # Waits for the device at each stamp, as the plain loops do: both sides pay the same.
         self._clock = SyncingClock(synchronizer(trainer.strategy.root_device))
 
     def _now(self) -> tuple[float, float]:
-        """Wall and CPU seconds, after waiting for the device."""
         return self._clock.mark(), time.process_time()
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

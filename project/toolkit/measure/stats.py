@@ -12,11 +12,7 @@ STATS = ("mean", "std", "p50", "p90", "p99")
 
 
 def describe(values: Sequence[float]) -> dict[str, float | None]:
-    """Mean, sample standard deviation and the 50th/90th/99th percentiles of ``values``.
-
-    >>> {k: round(v, 3) for k, v in describe([1.0, 2.0, 3.0, 4.0]).items()}
-    {'mean': 2.5, 'std': 1.291, 'p50': 2.5, 'p90': 3.7, 'p99': 3.97}
-    """
+    """Mean, sample standard deviation and the 50th/90th/99th percentiles of ``values``."""
     if not values:
         return dict.fromkeys(STATS)
     p50, p90, p99 = np.percentile(values, [50, 90, 99]).tolist()
@@ -25,28 +21,16 @@ def describe(values: Sequence[float]) -> dict[str, float | None]:
 
 
 def after_warmup(values: list[float], warmup: int) -> list[float]:
-    """``values`` without the first ``warmup``; all of them when nothing would be left.
-
-    >>> after_warmup([9.0, 1.0, 2.0], 1), after_warmup([9.0], 3)
-    ([1.0, 2.0], [9.0])
-    """
+    """``values`` without the first ``warmup``; all of them when nothing would be left."""
     return values[warmup:] if len(values) > warmup else values
 
 
 def nanmax(values: Sequence[float]) -> float:
-    """The largest number, ignoring NaN (a rank with nothing to report); NaN if all are.
-
-    >>> nanmax([1.0, float("nan"), 3.0]), math.isnan(nanmax([float("nan")]))
-    (3.0, True)
-    """
+    """The largest number, ignoring NaN (a rank with nothing to report); NaN if all are."""
     present = [v for v in values if not math.isnan(v)]
     return max(present) if present else math.nan
 
 
 def clean(value: float | None, digits: int = 6) -> float | None:
-    """A JSON-safe number: NaN (how a missing value travels between ranks) becomes None.
-
-    >>> clean(float("nan")), clean(1.23456789, 3)
-    (None, 1.235)
-    """
+    """A JSON-safe number: NaN (how a missing value travels between ranks) becomes None."""
     return None if value is None or math.isnan(value) else round(value, digits)

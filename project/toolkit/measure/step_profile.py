@@ -1,26 +1,5 @@
-"""Where a training step's time goes on the device: :class:`StepProfile`, a few steps under ``torch.profiler``.
-
-The timing callback says how long steps take and how a step splits into data, compute, communication and
-optimizer (its step anatomy). When that is slower than the hardware should be, the next question is what
-the device did meanwhile: was it computing (kernel time), or waiting for the host to queue work (launch
-gaps), or stopped by the host reading a value (host syncs)? This callback profiles ``steps`` consecutive
-training steps from step ``first_step`` and writes, next to ``timing.json``:
-
-- ``step_profile.json``: per step, the window's wall seconds (the device waited for at both ends), the
-  seconds the device was busy (the union of its kernels, copies and sets) and the rest as its idle share,
-  the kernels and the kernel launches, the host syncs (a ``.item()`` or ``bool()`` of a device tensor:
-  ``aten::_local_scalar_dense``; the CUDA calls that wait: ``cudaStreamSynchronize``,
-  ``cudaDeviceSynchronize``, ``cudaEventSynchronize``), and the kernels and host operators that took the
-  most time. On a CPU there is no device timeline: the device fields are ``null`` and the host's operators
-  are what it lists.
-- ``step_profile.trace.json``: the profiler's trace of the window, for Perfetto (https://ui.perfetto.dev)
-  or ``chrome://tracing``.
-
-Add it to a run by its class path (rank 0 profiles; the window should lie after the warm-up, in the first
-epoch, which the timing callback's steady figures leave out, so that the profiler's own cost lands there)::
-
-    python -m project fit ... --trainer.callbacks+=project.toolkit.measure.step_profile.StepProfile
-"""
+"""What the device did during a few training steps, under ``torch.profiler``: busy or idle, launches, host syncs,
+top kernels and operators (``step_profile.json``), and the trace for Perfetto (``step_profile.trace.json``)."""
 
 from __future__ import annotations
 
@@ -47,10 +26,11 @@ TOP = 8  # kernels and operators listed
 
 
 class StepProfile(Callback):
-    """Profile ``steps`` training steps (``training_step`` calls, so batches) from this process's step
-    ``first_step`` (0-based) on rank 0; write ``step_profile.json`` and ``step_profile.trace.json`` into the
-    run folder. A run that ends inside the window writes what it profiled; one that ends before it says so
-    in one line."""
+    """Profile ``steps`` training steps from step ``first_step`` (0-based; best after the warm-up) on rank 0.
+
+    Args:
+        first_step: the first training step profiled.
+        steps: how many consecutive steps are profiled."""
 
     def __init__(self, first_step: int = 20, steps: int = 5) -> None:
         if first_step < 0 or steps < 1:
@@ -73,7 +53,7 @@ class StepProfile(Callback):
         self._cuda = trainer.strategy.root_device.type == "cuda"
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # On every rank: Lightning broadcasts log_dir from rank 0, a collective that rank 0 alone would hang in.
+        # on every rank: log_dir is broadcast from rank 0, a collective that rank 0 alone would hang in
         self._folder = Path(trainer.log_dir or trainer.default_root_dir)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -114,70 +94,51 @@ class StepProfile(Callback):
         assert self._profiler is not None
         wall = self._clock.wait() - self._start  # its wait is in the trace: one of the syncs, taken off below
         self._profiler.__exit__(None, None, None)
-        folder = self._folder
-        folder.mkdir(parents=True, exist_ok=True)
-        trace = folder / "step_profile.trace.json"
+        self._folder.mkdir(parents=True, exist_ok=True)
+        trace = self._folder / "step_profile.trace.json"
         self._profiler.export_chrome_trace(str(trace))
         self._profiler = None
-        events = json.loads(trace.read_text())
-        own_syncs = 1 if self._cuda else 0
-        self.summary = summarise(events.get("traceEvents", []), wall, self._profiled, own_syncs=own_syncs)
+        events = json.loads(trace.read_text()).get("traceEvents", [])
+        self.summary = summarise(events, wall, self._profiled, own_syncs=int(self._cuda))
         self.summary.update(first_step=self.first_step, device=str(trainer.strategy.root_device))
-        (folder / "step_profile.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        (self._folder / "step_profile.json").write_text(json.dumps(self.summary, indent=2) + "\n")
 
 
-def _within(ts: float, spans: list[tuple[float, float]]) -> bool:
-    """Whether the instant ``ts`` lies in one of ``spans``."""
-    return any(start <= ts <= end for start, end in spans)
-
-
-def _top(durations: Counter[str], steps: int) -> list[list[Any]]:
-    """``[name, milliseconds per step]`` of the ``TOP`` largest."""
+def _top(events: list[dict[str, Any]], steps: int) -> list[list[Any]]:
+    """``[name, milliseconds per step]`` of the ``TOP`` names of largest total duration."""
+    durations: Counter[str] = Counter()
+    for e in events:
+        durations[e["name"]] += e.get("dur", 0.0)
     return [[name, round(us / 1000 / steps, 4)] for name, us in durations.most_common(TOP)]
 
 
 def summarise(events: list[dict[str, Any]], wall: float, steps: int, own_syncs: int = 0) -> dict[str, Any]:
-    """Per-step figures from a chrome trace's events over a window of ``steps`` steps and ``wall`` seconds;
-    ``own_syncs``: the profiler's own waits in the window, not counted."""
+    """Per-step figures from a chrome trace's events over ``steps`` steps and ``wall`` seconds, less ``own_syncs``."""
     device = [e for e in events if e.get("cat") in DEVICE_WORK]
     runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
     operators = [e for e in events if e.get("cat") == "cpu_op"]
     read_spans = [(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in operators if e["name"] == HOST_READ]
     # a read of a CUDA value waits through its own copy's stream sync: that sync is the read's, counted once
-    syncs = sum(e["name"] in SYNC_CALLS and not _within(e["ts"], read_spans) for e in runtime) - own_syncs
+    syncs = sum(e["name"] in SYNC_CALLS and not any(a <= e["ts"] <= b for a, b in read_spans) for e in runtime)
     reads = len(read_spans)
-    # the union of the device's work (overlaps, several streams, counted once), in seconds
-    spans = [(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in device]
+    spans = [(e["ts"], e["ts"] + e.get("dur", 0.0)) for e in device]  # their union: overlaps counted once
     busy = covered(spans, float("-inf"), float("inf")) / 1e6 if device else None
-    kernels: Counter[str] = Counter()
-    for e in device:
-        kernels[e["name"]] += e.get("dur", 0.0)
-    ops: Counter[str] = Counter()
-    for e in operators:
-        ops[e["name"]] += e.get("dur", 0.0)
-    per_step = wall / steps
     return {
         "steps": steps,
-        "step_seconds": per_step,
+        "step_seconds": wall / steps,
         "device_busy_seconds": None if busy is None else busy / steps,
         "device_idle_fraction": None if busy is None else max(0.0, 1.0 - busy / wall),
         "kernels": sum(e.get("cat") == "kernel" for e in device) / steps,
         "launches": sum("Launch" in e["name"] for e in runtime) / steps,
-        "host_syncs": (max(0, syncs) + reads) / steps,
+        "host_syncs": (max(0, syncs - own_syncs) + reads) / steps,
         "host_reads": reads / steps,
-        "top_device_ms": _top(kernels, steps),
-        "top_host_ops_ms": _top(ops, steps),
+        "top_device_ms": _top(device, steps),
+        "top_host_ops_ms": _top(operators, steps),
     }
 
 
 def one_line(summary: dict[str, Any]) -> str:
-    """One line: ``step 24.1 ms: device busy 62 % (idle 38 %), 450 launches, 2.0 host syncs``.
-
-    >>> one_line({"step_seconds": 0.0241, "device_idle_fraction": 0.38, "launches": 450.0, "host_syncs": 2.0})
-    'step 24.1 ms: device busy 62 % (idle 38 %), 450 launches, 2.0 host syncs'
-    >>> one_line({"step_seconds": 0.01, "device_idle_fraction": None, "launches": 0.0, "host_syncs": 1.0})
-    'step 10.0 ms: no device timeline, 1.0 host syncs'
-    """
+    """One line: ``step 24.1 ms: device busy 62 % (idle 38 %), 450 launches, 2.0 host syncs``."""
     head = f"step {summary['step_seconds'] * 1000:.1f} ms: "
     idle = summary["device_idle_fraction"]
     device = "no device timeline" if idle is None else f"device busy {100 * (1 - idle):.0f} % (idle {100 * idle:.0f} %)"

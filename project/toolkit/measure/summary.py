@@ -1,11 +1,5 @@
-"""Each rank's timing records, exchanged once per epoch or stage, and the run's figures made of them.
-
-A record is a dataclass of named float fields; :func:`gather_records` sends every rank's record (and
-its peak memory per device) to every rank in one collective, so adding a figure means adding a field
-where it is recorded and reading it where it is summarised. Across ranks a time is the SLOWEST
-rank's (everyone waits for it), a throughput counts the samples of ALL ranks, and memory is listed
-per rank and device.
-"""
+"""Each rank's timing records, exchanged in one collective per epoch or stage, and the run's figures: a time is
+the SLOWEST rank's, a throughput counts ALL ranks' samples, memory is listed per rank and device."""
 
 from __future__ import annotations
 
@@ -27,8 +21,7 @@ Memory = list[tuple[int, float]]  # (device index, peak MiB) per device a rank u
 
 @dataclass
 class EpochRecord:
-    """One rank's training epoch: its seconds without the validation inside it, the samples it
-    trained on, the time it waited for batches, and the validation time inside it."""
+    """One rank's training epoch; ``seconds`` leaves out the validation inside it (``val_seconds``)."""
 
     seconds: float
     samples: float
@@ -38,8 +31,7 @@ class EpochRecord:
 
 @dataclass
 class FitRecord:
-    """One rank's whole fit: wall seconds, per-iteration statistics after the warm-up, and the mean
-    validation run (NaN where there is none)."""
+    """One rank's whole fit: wall seconds, per-iteration statistics after the warm-up, the mean validation run."""
 
     fit_seconds: float
     iteration_mean: float
@@ -53,8 +45,7 @@ class FitRecord:
 
 @dataclass
 class InferenceRecord:
-    """One rank's test or predict: batch latency statistics after the warm-up, and the batches,
-    samples and seconds they cover."""
+    """One rank's test or predict: batch latency statistics after the warm-up, and what they cover."""
 
     latency_mean: float
     latency_std: float
@@ -77,36 +68,20 @@ def nan_for_none(value: float | None) -> float:
 def gather_records(
     record: Record, memory: Memory, world_size: int, all_gather: Any, device: torch.device, width: int
 ) -> list[tuple[Record, Memory]]:
-    """Every rank's ``(record, memory)``, in rank order, through ``all_gather`` (the strategy's).
-
-    A collective: every rank must call it at the same point, or the run hangs. Memory is padded to
-    ``width`` devices, since every rank must send a tensor of the same size.
-
-    >>> mine = EpochRecord(1.0, 8, 0.1, 0.0)
-    >>> gather_records(mine, [(-1, 900.0)], 1, None, torch.device("cpu"), 1)
-    [(EpochRecord(seconds=1.0, samples=8, data_wait_seconds=0.1, val_seconds=0.0), [(-1, 900.0)])]
-    """
+    """Every rank's ``(record, memory)`` in rank order, through ``all_gather`` (a collective; memory padded)."""
     if world_size == 1:
         return [(record, memory)]
     values = [nan_for_none(v) for v in dataclasses.astuple(record)]
     padded = (memory + [(NAN, NAN)] * width)[:width]
     row = values + [x for pair in padded for x in pair]
     rows = all_gather(torch.tensor(row, dtype=torch.float64, device=device)).reshape(world_size, len(row)).tolist()
-    count = len(values)
-    out = []
-    for r in rows:
-        pairs = r[count:]
-        mem = [(int(i), mb) for i, mb in zip(pairs[::2], pairs[1::2], strict=True) if not math.isnan(i)]
-        out.append((type(record)(*r[:count]), mem))
-    return out
+    n = len(values)
+    mems = [[(int(i), mb) for i, mb in zip(r[n::2], r[n + 1 :: 2], strict=True) if not math.isnan(i)] for r in rows]
+    return [(type(record)(*r[:n]), mem) for r, mem in zip(rows, mems, strict=True)]
 
 
 def memory_entries(memories: list[Memory], device_type: str) -> tuple[list[str], list[float | None]]:
-    """Labels (``rank0``, or ``rank0_cuda1`` on an accelerator) and peak MiB, one per device used.
-
-    >>> memory_entries([[(0, 900.0), (1, 300.0)], [(1, 850.0)]], "cuda")
-    (['rank0_cuda0', 'rank0_cuda1', 'rank1_cuda1'], [900.0, 300.0, 850.0])
-    """
+    """Labels (``rank0``, or ``rank0_cuda1`` on an accelerator) and peak MiB, one per device used."""
     labels, values = [], []
     for rank, pairs in enumerate(memories):
         for index, mb in pairs:
@@ -116,37 +91,20 @@ def memory_entries(memories: list[Memory], device_type: str) -> tuple[list[str],
 
 
 def summarise_epoch(epoch: int, records: list[EpochRecord], sample_copies: int = 1) -> dict[str, Any]:
-    """One epoch across ranks: the slowest rank's times, every rank's samples, each counted once
-    where ``sample_copies`` ranks see every sample (the stages of a pipeline).
-
-    >>> summarise_epoch(3, [EpochRecord(2.0, 100, 0.2, 0.5), EpochRecord(2.5, 100, 0.1, 0.4)])["samples_per_second"]
-    80.0
-    >>> summarise_epoch(3, [EpochRecord(2.0, 100, 0.2, 0.5), EpochRecord(2.5, 100, 0.1, 0.4)], 2)["samples_per_second"]
-    40.0
-    """
+    """One epoch across ranks: the slowest rank's times, the samples of all (``sample_copies``: a pipeline's stages)."""
     seconds = max(r.seconds for r in records)
     samples = int(sum(r.samples for r in records) / sample_copies)
-    return {
-        "epoch": epoch,
-        "seconds": seconds,
-        "samples": samples,
-        "samples_per_second": samples / seconds if seconds > 0 else None,
-        "data_wait_seconds": max(r.data_wait_seconds for r in records),
-        "val_seconds": max(r.val_seconds for r in records),
-    }
+    rate = samples / seconds if seconds > 0 else None
+    out = {"epoch": epoch, "seconds": seconds, "samples": samples, "samples_per_second": rate}
+    return out | {k: max(getattr(r, k) for r in records) for k in ("data_wait_seconds", "val_seconds")}
 
 
 def _slowest(records: list[Record], field: str) -> Record:
-    """The record of the rank with the largest ``field`` (NaN counts as the smallest)."""
     return max(records, key=lambda r: -math.inf if math.isnan(getattr(r, field)) else getattr(r, field))
 
 
 def summarise_fit(epochs: list[dict[str, Any]], records: list[FitRecord]) -> dict[str, Any]:
-    """The fit report's numbers from the per-epoch summaries and the ranks' end-of-fit records.
-
-    Steady state is every epoch after the process's first; with a single epoch there is none,
-    and the rates fall back to that epoch.
-    """
+    """The fit report's numbers; steady state is every epoch after the first (or that one, where it is alone)."""
     steady = epochs[1:] or epochs
     steady_seconds = [e["seconds"] for e in epochs[1:]]
     total_seconds = sum(e["seconds"] for e in steady)
@@ -157,10 +115,7 @@ def summarise_fit(epochs: list[dict[str, Any]], records: list[FitRecord]) -> dic
         "epoch_seconds_mean": statistics.fmean(steady_seconds) if steady_seconds else None,
         "epoch_seconds_std": statistics.stdev(steady_seconds) if len(steady_seconds) > 1 else None,
         "steady_epochs": len(steady_seconds),
-        "iteration_seconds_mean": slowest.iteration_mean,
-        "iteration_seconds_std": slowest.iteration_std,
-        "iteration_seconds_p50": slowest.iteration_p50,
-        "iteration_seconds_p90": slowest.iteration_p90,
+        **{f"iteration_seconds_{k}": getattr(slowest, f"iteration_{k}") for k in ("mean", "std", "p50", "p90")},
         "iterations_measured": int(slowest.iterations_measured),
         "warmup_iterations_skipped": int(slowest.warmup_skipped),
         "data_wait_fraction": sum(e["data_wait_seconds"] for e in steady) / total_seconds if total_seconds else None,
@@ -171,16 +126,12 @@ def summarise_fit(epochs: list[dict[str, Any]], records: list[FitRecord]) -> dic
 
 
 def summarise_inference(stage: str, records: list[InferenceRecord], sample_copies: int = 1) -> dict[str, Any]:
-    """Test or predict numbers: the slowest rank's latencies, the samples of all ranks (each counted
-    once where ``sample_copies`` ranks see every sample) over the slowest rank's compute time."""
+    """Test or predict numbers: the slowest rank's latencies, all ranks' samples over the slowest rank's time."""
     slowest = _slowest(records, "latency_mean")
-    latencies = (slowest.latency_mean, slowest.latency_std, slowest.latency_p50, slowest.latency_p90)
     seconds = max(r.seconds for r in records)
     samples = sum(r.samples for r in records) / sample_copies
     return {
-        f"{stage}_batch_latency_ms": {
-            k: clean(v * 1000, 3) for k, v in zip(STATS, (*latencies, slowest.latency_p99), strict=True)
-        },
+        f"{stage}_batch_latency_ms": {k: clean(getattr(slowest, f"latency_{k}") * 1000, 3) for k in STATS},
         f"{stage}_sample_latency_ms": clean(slowest.seconds / slowest.samples * 1000, 4) if slowest.samples else None,
         f"{stage}_samples_per_second": clean(samples / seconds, 2) if seconds > 0 else None,
         f"{stage}_batches_measured": int(slowest.batches),
@@ -189,25 +140,12 @@ def summarise_inference(stage: str, records: list[InferenceRecord], sample_copie
 
 
 def _work(tflops: float | None, mfu: float | None) -> str:
-    """``12.3 TFLOP/s (MFU 41.0 %)``; the MFU only where the device's peak is known. Below one TFLOP/s (a
-    CPU) in GFLOP/s or MFLOP/s, so the figure shows rather than ``0.00``.
-
-    >>> _work(12.345, 0.41), _work(0.00512, None), _work(None, None)
-    ('12.3 TFLOP/s (MFU 41.0 %)', '5.12 GFLOP/s', 'n/a')
-    """
+    """``12.3 TFLOP/s (MFU 41.0 %)``; below one TFLOP/s (a CPU) in GFLOP/s or MFLOP/s."""
     if not isinstance(tflops, int | float) or isinstance(tflops, bool) or math.isnan(tflops):
         return "n/a"
-    scale, unit = next(
-        ((s, u) for s, u in ((1.0, "TFLOP/s"), (1e-3, "GFLOP/s")) if abs(tflops) >= s), (1e-6, "MFLOP/s")
-    )
+    units = ((1.0, "TFLOP/s"), (1e-3, "GFLOP/s"))
+    scale, unit = next(((s, u) for s, u in units if abs(tflops) >= s), (1e-6, "MFLOP/s"))
     return f"{tflops / scale:.3g} {unit}" + ("" if mfu is None else f" (MFU {100 * mfu:.1f} %)")
-
-
-def _input(report: dict[str, Any]) -> str:
-    """``on_device, 0 workers``: the input path the run took (:mod:`project.toolkit.data.input_path`)."""
-    if report.get("input_path") is None:
-        return "n/a"
-    return f"{report['input_path']}, {report['num_workers']} workers"
 
 
 def format_table(report: dict[str, Any], stage: str) -> str:
@@ -215,37 +153,27 @@ def format_table(report: dict[str, Any], stage: str) -> str:
     where = f"{report['strategy']}, {report['world_size']} process(es), {report['devices']} x {report['accelerator']}"
     lines = [f"Timing of {stage} ({where}, {report['precision']}, global batch {report['batch_size']})"]
     if stage == "fit":
-        detail = (
-            f"  (p50 {number(report['iteration_seconds_p50'], 3, ' s')},"
-            f" p90 {number(report['iteration_seconds_p90'], 3, ' s')};"
-            f" {report['warmup_iterations_skipped']} warm-up skipped)"
-        )
-        wait = report["data_wait_fraction"]
+        p50, p90 = (number(report[f"iteration_seconds_{k}"], 3, " s") for k in ("p50", "p90"))
+        detail = f"  (p50 {p50}, p90 {p90}; {report['warmup_iterations_skipped']} warm-up skipped)"
+        epoch = mean_std(report["epoch_seconds_mean"], report["epoch_seconds_std"], 2, " s")
+        iteration = mean_std(report["iteration_seconds_mean"], report["iteration_seconds_std"], 3, " s")
+        wait, path = report["data_wait_fraction"], report.get("input_path")
         rows = [
             ("fit total", number(report["fit_seconds"], 2, " s")),
             ("first epoch", number(report["first_epoch_seconds"], 2, " s")),
-            (
-                f"epoch (steady, n={report['steady_epochs']})",
-                mean_std(report["epoch_seconds_mean"], report["epoch_seconds_std"], 2, " s"),
-            ),
-            (
-                "iteration",
-                mean_std(report["iteration_seconds_mean"], report["iteration_seconds_std"], 3, " s") + detail,
-            ),
+            (f"epoch (steady, n={report['steady_epochs']})", epoch),
+            ("iteration", iteration + detail),
             ("data wait", "n/a" if wait is None else f"{100 * wait:.1f} % of epoch time"),
-            ("input", _input(report)),
+            ("input", "n/a" if path is None else f"{path}, {report['num_workers']} workers"),
             ("throughput", number(report["train_samples_per_second"], 1, " samples/s (all ranks)")),
             ("work", _work(report.get("train_tflops_per_second"), report.get("mfu"))),
             ("validation run", number(report["val_epoch_seconds_mean"], 2, " s")),
         ]
-        if report.get("bubble_fraction"):  # a pipeline: each stage's share of its step time spent waiting
-            bubble = ", ".join(
-                f"rank{r} {number(v, 1, ' %', scale=100)}" for r, v in enumerate(report["bubble_fraction"])
-            )
-            rows.append(("pipeline bubble", bubble))
-        if report.get("step_anatomy"):  # where each rank's step time went (seconds per step, shares)
+        if report.get("bubble_fraction"):  # a pipeline
+            bubble = (f"rank{r} {number(v, 1, ' %', scale=100)}" for r, v in enumerate(report["bubble_fraction"]))
+            rows.append(("pipeline bubble", ", ".join(bubble)))
+        if report.get("step_anatomy"):
             rows.append(("step anatomy", anatomy_line(report["step_anatomy"])))
-        memory = zip(report["peak_memory_devices"], report["peak_memory_mb"], strict=True)
     else:
         latency = report[f"{stage}_batch_latency_ms"]
         rows = [
@@ -255,7 +183,8 @@ def format_table(report: dict[str, Any], stage: str) -> str:
             ("throughput", number(report[f"{stage}_samples_per_second"], 1, " samples/s (all ranks)")),
             ("work", _work(report.get(f"{stage}_tflops_per_second"), report.get(f"{stage}_mfu"))),
         ]
-        memory = zip(report[f"{stage}_peak_memory_devices"], report[f"{stage}_peak_memory_mb"], strict=True)
+    prefix = "" if stage == "fit" else f"{stage}_"
+    memory = zip(report[f"{prefix}peak_memory_devices"], report[f"{prefix}peak_memory_mb"], strict=True)
     rows.append(("peak memory", ", ".join(f"{label} {number(mb, 0, ' MiB')}" for label, mb in memory)))
     width = max(len(name) for name, _ in rows)
     lines += [f"  {name:<{width}}  {value}" for name, value in rows]

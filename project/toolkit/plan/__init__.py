@@ -1,19 +1,7 @@
-"""``python -m project plan RUN_DIR --devices N [--nodes M] [--link-gbps B]``: what a measured run would do
-on devices you do not have.
-
-From one finished run's ``timing.json`` -- its step anatomy (:mod:`project.toolkit.measure.anatomy`: data
-wait, forward, backward, optimizer, rest per step), the network's parameter, buffer and activation bytes
-and its units (:mod:`project.toolkit.plan.network`), its peak memory -- and a link (given, or measured
-here by a short gloo all-reduce benchmark, :mod:`project.toolkit.plan.link`), it predicts for single,
-dp, ddp, fsdp and pipeline on ``N`` devices per node and ``M`` nodes: the step time and its parts, the
-throughput, the scaling efficiency and the peak memory per device. The formulas, and what they leave out,
-are in ``docs/plan.md``; each is a function here, tested on known inputs (``tests/test_plan.py``). For a CPU
-run on this machine's processes, ddp's and fsdp's cost is replayed instead of priced by the formulas
-(:mod:`project.toolkit.plan.replay`).
-
-Reading a ``timing.json`` and computing needs no torch; only what is measured here imports it: the link,
-how processes computing at once slow each other (:mod:`project.toolkit.plan.cores`) and the replay.
-"""
+"""``python -m project plan RUN_DIR --devices N [--nodes M] [--link-gbps B]``: what a measured run would do on
+devices you do not have. From one fit's ``timing.json`` (its step anatomy, network and peak memory) and a link
+(given, or measured here), it predicts each strategy's step, throughput, scaling and memory per device; the
+formulas and what they leave out are in ``docs/plan.md``. Only what is measured here imports torch."""
 
 from __future__ import annotations
 
@@ -49,97 +37,50 @@ from project.toolkit.plan.predict import (
     stage_seconds,
 )
 
-__all__ = [
-    "Link",
-    "Measured",
-    "Prediction",
-    "Replayed",
-    "Target",
-    "core_slowdown",
-    "link_from",
-    "main",
-    "plan",
-    "predict_ddp",
-    "predict_dp",
-    "predict_fsdp",
-    "predict_pipeline",
-    "predict_single",
-    "read_run",
-    "replay_here",
-    "scaling_efficiency",
-    "share_seconds",
-    "sharing_here",
-    "stage_seconds",
-    "stand_in_work",
-    "threads_per_process",
-]
+__all__ = ["Link", "Measured", "Prediction", "Replayed", "Target", "core_slowdown", "link_from", "main", "plan"]
+__all__ += ["predict_ddp", "predict_dp", "predict_fsdp", "predict_pipeline", "predict_single", "read_run"]
+__all__ += ["replay_here", "scaling_efficiency", "share_seconds", "sharing_here", "stage_seconds", "stand_in_work"]
+__all__ += ["threads_per_process"]
 
 PLAN_HELP = "Predict step time, throughput, scaling and memory per device of each strategy on N devices from one run."
-STRATEGIES = ("single", "dp", "ddp", "fsdp", "pipeline")
+HEADER = ["strategy", "devices", "step s", "data / compute / comm / optim / bubble / rest s", "samples/s", "scaling"]
+HEADER += ["peak MiB per device", "note"]
 
 
 def table_rows(predictions: list[Prediction], run: Measured) -> list[list[str]]:
-    rows = []
-    for p in predictions:
-        parts = " / ".join(number(p.parts[k], 3) for k in ("data_wait", "compute", "communication", "optimizer"))
-        parts += " / " + " / ".join(number(p.parts[k], 3) for k in ("bubble", "rest"))
-        memory = ", ".join(number(mb, 0) for mb in p.memory_mb)
-        rows.append(
-            [
-                p.strategy,
-                str(p.world),
-                number(p.step, 3),
-                parts,
-                number(p.samples_per_second, 1),
-                number(100 * scaling_efficiency(p, run), 0, " %"),
-                memory,
-                p.note,
-            ]
-        )
-    return rows
+    parts = ("data_wait", "compute", "communication", "optimizer", "bubble", "rest")
+    return [
+        [p.strategy, str(p.world), number(p.step, 3), " / ".join(number(p.parts[k], 3) for k in parts)]
+        + [number(p.samples_per_second, 1), number(100 * scaling_efficiency(p, run), 0, " %")]
+        + [", ".join(number(mb, 0) for mb in p.memory_mb), p.note]
+        for p in predictions
+    ]
 
 
-HEADER = [
-    "strategy",
-    "devices",
-    "step s",
-    "data / compute / comm / optim / bubble / rest s",
-    "samples/s",
-    "scaling",
-    "peak MiB per device",
-    "note",
-]
+LINK_HELP = (
+    "link bandwidth in Gbit/s (default: measured here with gloo, and for a one-node CPU run ddp's and fsdp's cost "
+    "replayed here)"
+)
+BATCH_HELP = "global: the run's batch split across the devices (default); per-device: each keeps it"
+CORES_HELP = (
+    "the devices are processes sharing the machine's CPU cores (auto: for a CPU run on 1 node, from the run's threads "
+    "and cores and how much processes computing at once slow each other here, measured; yes: N times slower than the "
+    "run; no: as fast as the run)"
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m project plan", description=f"{PLAN_HELP} Trains nothing.")
-    parser.add_argument("run_dir", metavar="RUN_DIR", type=Path, help="a fit's run folder (or its timing.json)")
-    parser.add_argument("--devices", type=int, required=True, help="devices per node (processes on a CPU)")
-    parser.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    parser.add_argument(
-        "--link-gbps",
-        type=float,
-        default=None,
-        help="link bandwidth in Gbit/s (default: measured here with gloo, and for a one-node CPU run ddp's and "
-        "fsdp's cost replayed here)",
-    )
-    parser.add_argument("--link-latency-us", type=float, default=10.0, help="with --link-gbps: latency (default 10)")
-    parser.add_argument(
-        "--batch",
-        choices=("global", "per-device"),
-        default="global",
-        help="global: the run's batch split across the devices (default); per-device: each keeps it",
-    )
-    parser.add_argument("--micro-batches", type=int, default=4, help="pipeline micro-batches (default 4)")
-    parser.add_argument(
-        "--shared-cores",
-        choices=("auto", "yes", "no"),
-        default="auto",
-        help="the devices are processes sharing the machine's CPU cores (auto: for a CPU run on 1 node, from "
-        "the run's threads and cores and how much processes computing at once slow each other here, measured; "
-        "yes: N times slower than the run; no: as fast as the run)",
-    )
-    parser.add_argument("--out", type=Path, default=None, help="also write plan.md and plan.json into this folder")
+    add = parser.add_argument
+    add("run_dir", metavar="RUN_DIR", type=Path, help="a fit's run folder (or its timing.json)")
+    add("--devices", type=int, required=True, help="devices per node (processes on a CPU)")
+    add("--nodes", type=int, default=1, help="nodes (default 1)")
+    add("--link-gbps", type=float, default=None, help=LINK_HELP)
+    add("--link-latency-us", type=float, default=10.0, help="with --link-gbps: latency (default 10)")
+    add("--batch", choices=("global", "per-device"), default="global", help=BATCH_HELP)
+    add("--micro-batches", type=int, default=4, help="pipeline micro-batches (default 4)")
+    add("--shared-cores", choices=("auto", "yes", "no"), default="auto", help=CORES_HELP)
+    add("--out", type=Path, default=None, help="also write plan.md and plan.json into this folder")
     return parser.parse_args(argv)
 
 
@@ -152,12 +93,7 @@ def check_target(args: argparse.Namespace) -> None:
 
 
 def describe_replay(replayed: Replayed) -> str:
-    """One line of what the replay measured.
-
-    >>> line = describe_replay(Replayed(0.01, 0.1, 2.5, "replayed here"))
-    >>> line.startswith("ddp's communication 0.010 s and fsdp's 0.100 s"), line.endswith("(replayed here)")
-    (True, True)
-    """
+    """One line of what the replay measured."""
     return (
         f"ddp's communication {replayed.ddp_seconds:.3f} s and fsdp's {replayed.fsdp_seconds:.3f} s per step (what "
         f"the compute alone does not take), fsdp's optimizer step {replayed.fsdp_optimizer_factor:.2f}x a whole "
@@ -188,32 +124,19 @@ def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, An
         "",
         "Formulas and what they leave out: docs/plan.md.",
     ]
-    if run.world_size > 1:  # its rank 0's step stands for the run: right for ddp's share, not for a pipeline
+    if run.world_size > 1:  # rank 0's step stands for the run: right for ddp's share, not for a pipeline
         lines.append(
             f"The run had {run.world_size} processes: the plan reads rank 0's step as the run's; "
             "a single-device run is the plan's intended input."
         )
-    record = {
-        "command": command,
-        "run": run.name,
-        "target": target.__dict__,
-        "core_sharing": sharing_note or None,
-        "replayed": replayed.__dict__ if replayed else None,
-        "link": link.__dict__,
-        "predictions": [
-            {
-                "strategy": p.strategy,
-                "devices": p.world,
-                "step_seconds": p.step,
-                "parts": p.parts,
-                "samples_per_second": p.samples_per_second,
-                "scaling_efficiency": scaling_efficiency(p, run),
-                "peak_memory_mb": p.memory_mb,
-                "note": p.note,
-            }
-            for p in predictions
-        ],
-    }
+    rows = [
+        {"strategy": p.strategy, "devices": p.world, "step_seconds": p.step, "parts": p.parts}
+        | {"samples_per_second": p.samples_per_second, "scaling_efficiency": scaling_efficiency(p, run)}
+        | {"peak_memory_mb": p.memory_mb, "note": p.note}
+        for p in predictions
+    ]
+    record = {"command": command, "run": run.name, "target": target.__dict__, "core_sharing": sharing_note or None}
+    record |= {"replayed": replayed.__dict__ if replayed else None, "link": link.__dict__, "predictions": rows}
     return "\n".join(lines), record
 
 

@@ -1,20 +1,13 @@
-"""Splitting a chain of blocks into consecutive stages of balanced cost: the pipeline strategy's default
-split, and the plan's prediction of it. Plain Python, so ``python -m project plan`` needs no torch."""
+"""Splitting a chain of blocks into consecutive stages of balanced cost, in plain Python (no torch)."""
 
 from __future__ import annotations
 
+import itertools
+
 
 def balanced_starts(costs: list[float], num_stages: int) -> list[int]:
-    """The index of the first block of each stage after the first, for consecutive stages whose largest
-    total cost is the smallest possible (dynamic programming over the split points).
-
-    >>> balanced_starts([1, 1, 1, 1], 2), balanced_starts([3, 1, 1, 1], 2), balanced_starts([1, 2, 3, 4, 5], 3)
-    ([2], [1], [3, 4])
-    """
-    n = len(costs)
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
+    """The first block of each stage after the first, minimising the largest stage's total cost."""
+    n, prefix = len(costs), list(itertools.accumulate(costs, initial=0.0))
     # best[s][i]: the smallest largest-stage cost of the first i blocks in s stages; cut[s][i]: its last start
     best = [[float("inf")] * (n + 1) for _ in range(num_stages + 1)]
     cut = [[0] * (n + 1) for _ in range(num_stages + 1)]

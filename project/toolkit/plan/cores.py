@@ -1,14 +1,5 @@
-"""How much processes computing at once on this machine slow each other: :func:`measure_core_sharing`, for
-``python -m project plan --shared-cores auto`` on a CPU run.
-
-N processes (spawned, with the intra-op threads each would get) run the same convolution forward and
-backward passes: in each round first one process alone, then all N at once. The factor is the time all N
-take at once over the time one takes alone (the fastest round of each). On a machine whose cores are its
-own it is about 1 while the processes' threads fit the cores; where the cores are not what they seem --
-virtual CPUs that are two threads of one physical core, memory bandwidth shared with neighbours -- it is
-more, and nothing inside the machine says so. (On the 2-core VM of ``benchmarks/results/plan/`` its
-readings were 1.02-1.12x.) It takes a few seconds, most of them starting the processes.
-"""
+"""How much processes computing at once here slow each other (``plan --shared-cores auto``): N processes run the
+same convolutions, one alone, then all at once; shared physical cores or memory bandwidth show as more than 1."""
 
 from __future__ import annotations
 
@@ -21,8 +12,7 @@ SHAPE = (16, 32, 32, 32)  # a batch of feature maps (N, C, H, W): a small networ
 
 def _work(torch: Any, x: Any, weight: Any) -> None:
     for _ in range(8):
-        y = torch.nn.functional.conv2d(x, weight, padding=1)
-        y.sum().backward()
+        torch.nn.functional.conv2d(x, weight, padding=1).sum().backward()
 
 
 def _worker(rank: int, threads: int, barrier: Any, results: Any) -> None:
@@ -47,12 +37,7 @@ def _worker(rank: int, threads: int, barrier: Any, results: Any) -> None:
 
 
 def sharing_factor(alone: float, together: list[float]) -> float:
-    """How much slower each process computes with all of them at once: the mean of their times together
-    over the time alone, never below 1.
-
-    >>> sharing_factor(1.0, [2.0, 1.8]), sharing_factor(1.0, [0.9, 0.95])
-    (1.9, 1.0)
-    """
+    """How much slower each process computes with all at once: their mean time together over one's alone, >= 1."""
     return max(1.0, sum(together) / len(together) / alone)
 
 

@@ -14,53 +14,27 @@ DDP_BUCKET = 25 * MIB  # bucket_cap_mb's default
 
 
 def ring_all_reduce_seconds(nbytes: float, world: int, link: Link) -> float:
-    """Ring all-reduce: ``2(N-1)`` steps, each a latency and ``bytes / N`` over the link.
-
-    >>> ring_all_reduce_seconds(100e6, 4, Link(0.0, 1e9, "given"))
-    0.15
-    """
-    if world < 2:
-        return 0.0
-    return 2 * (world - 1) * link.latency + 2 * (world - 1) / world * nbytes / link.bandwidth
+    """Ring all-reduce: ``2(N-1)`` steps, each a latency and ``bytes / N`` over the link."""
+    return 0.0 if world < 2 else 2 * (world - 1) * link.latency + 2 * (world - 1) / world * nbytes / link.bandwidth
 
 
 def all_gather_seconds(nbytes: float, world: int, link: Link) -> float:
-    """Ring all-gather (or reduce-scatter) of ``nbytes`` in all: ``N-1`` steps of ``bytes / N``.
-
-    >>> all_gather_seconds(100e6, 4, Link(0.0, 1e9, "given"))
-    0.075
-    """
-    if world < 2:
-        return 0.0
-    return (world - 1) * link.latency + (world - 1) / world * nbytes / link.bandwidth
+    """Ring all-gather (or reduce-scatter) of ``nbytes`` in all: ``N-1`` steps of ``bytes / N``."""
+    return 0.0 if world < 2 else (world - 1) * link.latency + (world - 1) / world * nbytes / link.bandwidth
 
 
 def broadcast_seconds(nbytes: float, world: int, link: Link) -> float:
-    """A pipelined broadcast: the bytes once over the link, a latency per tree level.
-
-    >>> broadcast_seconds(1e6, 8, Link(1e-5, 1e9, "given"))
-    0.00103
-    """
-    if world < 2:
-        return 0.0
-    return math.ceil(math.log2(world)) * link.latency + nbytes / link.bandwidth
+    """A pipelined broadcast: the bytes once over the link, a latency per tree level."""
+    return 0.0 if world < 2 else math.ceil(math.log2(world)) * link.latency + nbytes / link.bandwidth
 
 
 def gpipe_bubble(stages: int, micro_batches: int) -> float:
-    """GPipe's idle share of a step with balanced stages: ``(p-1)/(m+p-1)``.
-
-    >>> gpipe_bubble(2, 4), gpipe_bubble(4, 16)
-    (0.2, 0.15789473684210525)
-    """
+    """GPipe's idle share of a step with balanced stages: ``(p-1)/(m+p-1)``."""
     return (stages - 1) / (micro_batches + stages - 1)
 
 
 def ddp_buckets(parameter_bytes: float, first: float = DDP_FIRST_BUCKET, cap: float = DDP_BUCKET) -> list[float]:
-    """DDP's gradient buckets in the order the backward fills them: a small first one, then ``cap`` each.
-
-    >>> [b / MIB for b in ddp_buckets(60 * MIB)]
-    [1.0, 25.0, 25.0, 9.0]
-    """
+    """DDP's gradient buckets in the order the backward fills them: a small first one, then ``cap`` each."""
     buckets, left = [], parameter_bytes
     for size in [first, *[cap] * math.ceil(parameter_bytes / cap)]:
         if left <= 0:
@@ -71,16 +45,8 @@ def ddp_buckets(parameter_bytes: float, first: float = DDP_FIRST_BUCKET, cap: fl
 
 
 def ddp_exposed_seconds(buckets: list[float], backward: float, world: int, link: Link) -> float:
-    """The all-reduce time left after the backward: each bucket is ready once the backward has produced its
-    share of the gradients (gradients come at an even rate per byte), the all-reduces run one after another,
-    and what runs past the backward's end is exposed.
-
-    >>> link = Link(0.0, 1e9, "given")
-    >>> round(ddp_exposed_seconds([50e6, 50e6], backward=0.1, world=2, link=link), 6)  # 0.05 s each, from 0.05 s
-    0.05
-    >>> round(ddp_exposed_seconds([50e6, 50e6], backward=1.0, world=2, link=link), 6)  # the last one shows
-    0.05
-    """
+    """The all-reduce time left after the backward: each bucket is ready once the backward has produced its share
+    of the gradients (at an even rate per byte), and the all-reduces run one after another."""
     total, ready, finish = sum(buckets), 0.0, 0.0
     for size in buckets:
         ready += size
@@ -90,25 +56,14 @@ def ddp_exposed_seconds(buckets: list[float], backward: float, world: int, link:
 
 
 def balanced_stages(costs: list[float], stages: int) -> list[list[int]]:
-    """Consecutive units in ``stages`` groups whose largest total cost is the smallest possible (the pipeline
-    strategy's default split, by FLOPs).
-
-    >>> balanced_stages([1, 1, 1, 1], 2), balanced_stages([3, 1, 1, 1], 2)
-    ([[0, 1], [2, 3]], [[0], [1, 2, 3]])
-    """
+    """Consecutive units in ``stages`` groups of balanced cost (the pipeline strategy's default split)."""
     bounds = [0, *balanced_starts(costs, stages), len(costs)]
     return [list(range(a, b)) for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
 def unit_seconds(times: dict[str, Any], kind: str, unit: int, samples: float) -> float:
-    """Seconds of ``unit``'s ``kind`` (``forward`` or ``backward``) for ``samples`` images, from its times at the
-    measured batch sizes (:mod:`project.toolkit.plan.block_times`): a fixed cost plus a cost per image, the
-    line through the two sizes (per image alone where one size was measured).
-
-    >>> times = {"batch_sizes": [32, 8], "forward": [[0.40], [0.16]], "backward": [[0.8], [0.8]]}
-    >>> round(unit_seconds(times, "forward", 0, 16), 3), round(unit_seconds(times, "backward", 0, 4), 3)
-    (0.24, 0.8)
-    """
+    """Seconds of ``unit``'s ``kind`` (``forward`` or ``backward``) for ``samples`` images from its measured
+    times (:mod:`.block_times`): the line through the two batch sizes (per image alone with one size)."""
     sizes = times["batch_sizes"]
     values = [times[kind][k][unit] for k in range(len(sizes))]
     if len(sizes) < 2 or sizes[0] == sizes[1]:
@@ -119,14 +74,8 @@ def unit_seconds(times: dict[str, Any], kind: str, unit: int, samples: float) ->
 
 
 def gpipe_step_seconds(forward: list[float], backward: list[float], micro_batches: int, message: float) -> float:
-    """GPipe's step: every micro-batch through the stages forward, then backward. Each phase is a flow of
-    ``m`` equal jobs through the stages: the sum of the stages' times plus ``m - 1`` times the slowest
-    stage's, and a message between stages on each of the ``m + p - 2`` slots after the first. With equal
-    stages of ``t`` (forward plus backward) that is ``(m + p - 1) t``: the bubble ``(p-1)/(m+p-1)``.
-
-    >>> gpipe_step_seconds([1, 1], [2, 2], 4, 0.0), gpipe_step_seconds([1, 3], [2, 6], 4, 0.0)
-    (15.0, 39.0)
-    """
+    """GPipe's step, forward then backward, each phase a flow of ``m`` jobs through the stages: the stages' sum
+    plus ``m - 1`` times the slowest stage, and a message on each of the ``m + p - 2`` slots after the first."""
     phases = sum(forward) + sum(backward) + (micro_batches - 1) * (max(forward) + max(backward))
     return phases + 2 * (micro_batches + len(forward) - 2) * message
 
@@ -134,18 +83,8 @@ def gpipe_step_seconds(forward: list[float], backward: list[float], micro_batche
 def gpipe_shared_seconds(
     forward: list[float], backward: list[float], micro_batches: int, message: float, slowdown: float
 ) -> tuple[float, list[float]]:
-    """GPipe's step when the stages share the cores (processes on one CPU): the schedule played out with
-    each stage's work slowed by how many stages compute at that moment -- ``slowdown`` when all ``p`` do,
-    none when one computes alone, in proportion between. Each stage runs its micro-batches' forwards, then
-    their backwards; a forward waits for the stage before it, a backward for the stage after it, each
-    ``message`` seconds later. Returns the step and each stage's busy (wall) seconds. Without sharing
-    (``slowdown`` 1) the step is :func:`gpipe_step_seconds`' with messages only where they delay a stage.
-
-    >>> gpipe_shared_seconds([1, 1], [2, 2], 2, 0.0, 1.0)
-    (9.0, [6.0, 6.0])
-    >>> gpipe_shared_seconds([1, 1], [2, 2], 2, 0.0, 2.0)  # both stages compute 4 of the 12 s, at half speed
-    (12.0, [9.0, 9.0])
-    """
+    """GPipe's schedule played out with each stage slowed by how many compute at that moment (``slowdown`` when all
+    do, in proportion between): the step and each stage's busy seconds."""
     stages, m = len(forward), micro_batches
     # each stage's tasks in order: (phase, micro-batch, seconds of work alone)
     tasks = [
@@ -156,7 +95,7 @@ def gpipe_shared_seconds(
     busy_seconds, now = [0.0] * stages, 0.0
 
     def ready_at(j: int) -> float | None:
-        """When stage ``j``'s next task may start, or None while what it waits for has not finished."""
+        # when stage j's next task may start; None while what it waits for has not finished
         if position[j] == len(tasks[j]):
             return None
         phase, i, _ = tasks[j][position[j]]

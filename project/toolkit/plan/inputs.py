@@ -1,5 +1,4 @@
-"""What the plan reads from a run (:class:`Measured`, from its ``timing.json``) and where it puts it
-(:class:`Target`, :class:`Link`)."""
+"""What the plan reads from a run (:class:`Measured`, from its ``timing.json``) and where it puts it."""
 
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ class Measured:
     peak_memory_mb: float | None
     image_bytes_per_sample: float = 0.0
     units: list[list[Any]] = field(default_factory=list)  # [name, forward FLOPs, parameters, output bytes]
-    block_seconds: dict[str, Any] | None = None  # the units timed after the fit (measure/block_times.py)
+    block_seconds: dict[str, Any] | None = None  # the units timed after the fit (block_times.py)
     name: str = ""
     threads: int | None = None  # the run's intra-op threads
     cores: int | None = None  # the machine's cores (a CPU run)
@@ -44,11 +43,14 @@ class Measured:
     def samples_per_second(self) -> float:
         return self.batch_size / self.step
 
+    @property
+    def parameters(self) -> int:  # in its units
+        return sum(unit[2] for unit in self.units)
+
 
 @dataclass
 class Link:
-    """The slowest link of the ring: seconds per message and bytes per second; ``here``: measured between
-    this machine's processes (a given or assumed link is another machine's)."""
+    """The ring's slowest link: seconds per message, bytes per second; ``here``: between this machine's processes."""
 
     latency: float
     bandwidth: float
@@ -58,9 +60,7 @@ class Link:
 
 @dataclass
 class Replayed:
-    """ddp's and fsdp's own cost per step on the target's processes, replayed with the run's parameter
-    tensors (:mod:`project.toolkit.plan.replay`): seconds beside a plain forward and backward, and how
-    many times an optimizer step on fsdp's shards takes one on the whole tensors."""
+    """ddp's and fsdp's seconds per step replayed here, and fsdp's optimizer step over a whole one."""
 
     ddp_seconds: float
     fsdp_seconds: float
@@ -70,11 +70,8 @@ class Replayed:
 
 @dataclass
 class Target:
-    """Where the plan puts the run: ``devices`` per node, ``nodes``; ``batch`` is ``global`` (the run's
-    global batch split across the devices: the template's convention) or ``per-device`` (each device
-    keeps the run's batch: NVIDIA's tables); ``slowdown``: how much slower each device runs the run's
-    multi-threaded work (compute, optimizer) than the run did -- 1 for devices of their own; on a CPU, the
-    processes' threads over the cores the run's threads had (N processes sharing the cores the run used: N)."""
+    """Where the plan puts the run; ``batch``: ``global`` (split across the devices) or ``per-device``; ``slowdown``:
+    how much slower each device runs the run's multi-threaded work than the run did (1: devices of their own)."""
 
     devices: int
     nodes: int = 1
@@ -92,8 +89,7 @@ class Target:
 
 
 def read_run(path: Path) -> Measured:
-    """The :class:`Measured` of a run folder (or a ``timing.json``); a :class:`ProjectError` naming what is
-    missing otherwise."""
+    """The :class:`Measured` of a run folder (or a ``timing.json``); a :class:`ProjectError` naming what is missing."""
     file = path / "timing.json" if path.is_dir() else path
     try:
         timing = json.loads(file.read_text())
@@ -108,12 +104,10 @@ def read_run(path: Path) -> Measured:
             "template's); run the fit again with this template (anatomy_steps > 0, at least 2 batches per epoch)"
         )
     rank = anatomy["ranks"][0]
-    compute = rank.get("compute") or 0.0
-    forward = rank.get("forward")
-    backward = rank.get("backward")
+    forward, backward = rank.get("forward"), rank.get("backward")
     if forward is None or backward is None:  # a pipeline's schedule: split as the FLOPs are (backward ~ 2x)
+        compute = rank.get("compute") or 0.0
         forward, backward = compute / 3, 2 * compute / 3
-    peaks = timing.get("peak_memory_mb") or [None]
     return Measured(
         accelerator=str(timing.get("accelerator")),
         world_size=int(timing.get("world_size") or 1),
@@ -127,7 +121,7 @@ def read_run(path: Path) -> Measured:
         buffer_bytes=network.get("buffer_bytes", 0),
         activation_bytes_per_sample=network.get("activation_bytes_per_sample", 0),
         optimizer_state_bytes=network.get("optimizer_state_bytes", 0),
-        peak_memory_mb=peaks[0],
+        peak_memory_mb=(timing.get("peak_memory_mb") or [None])[0],
         image_bytes_per_sample=network.get("input_bytes_per_sample", 3 * int(timing.get("image_size") or 0) ** 2 * 4),
         units=network.get("units", []),
         block_seconds=network.get("block_seconds"),

@@ -1,12 +1,5 @@
-"""The link between processes on this machine, measured: a short all-reduce benchmark with gloo
-(:func:`measure_link`), for ``python -m project plan`` when no ``--link-gbps`` is given.
-
-Two processes all-reduce float32 tensors of a few sizes (4 KiB to 16 MiB) over gloo on this host; the times
-are fitted to the ring all-reduce's cost ``2(N-1) x latency + 2(N-1)/N x bytes / bandwidth``, which gives
-the latency per message and the bandwidth the plan uses. On one host this is the loopback through memory
-and the CPU (gloo reduces on the CPU), not a network: it is what the processes of a CPU run on this machine
-have between them, and it takes the cores others leave free while it runs.
-"""
+"""The link between this machine's processes, for ``plan`` without ``--link-gbps``: gloo all-reduces of a few
+sizes, fitted to the ring's cost (on one host: the loopback through memory and the CPU)."""
 
 from __future__ import annotations
 
@@ -16,9 +9,7 @@ import time
 from typing import Any
 
 SIZES = (1024, 256 * 1024, 4 * 1024 * 1024)  # float32 elements: 4 KiB, 1 MiB, 16 MiB
-# The fastest of many: a message is only ever slowed by what else runs (the median of 5 gave latencies of
-# 145 us and 1.6 ms in two runs a minute apart on an idle 2-core machine).
-REPEATS = 20
+REPEATS = 20  # the fastest counts: a message is only ever slowed by what else runs
 
 
 def free_port() -> int:
@@ -55,14 +46,8 @@ def _worker(rank: int, world: int, port: int, results: Any) -> None:
 
 
 def fit_ring(times: dict[int, float], world: int) -> tuple[float, float]:
-    """``(latency seconds, bandwidth bytes/s)`` from all-reduce seconds by message bytes, for the ring's cost
-    ``t = 2(N-1) latency + 2(N-1)/N bytes / bandwidth``: the bandwidth from the two largest messages (their
-    difference cancels the latency), the latency from the smallest one (what is left of its time).
-
-    >>> latency, bandwidth = fit_ring({1000: 2e-4 + 1000 / 1e9, 10**6: 2e-4 + 10**6 / 1e9, 10**7: 2e-4 + 0.01}, 2)
-    >>> round(latency * 1e6), round(bandwidth / 1e9, 3)
-    (100, 1.0)
-    """
+    """``(latency, bandwidth)`` of the ring's cost: the bandwidth from the two largest messages, the latency from
+    what is left of the smallest one's time."""
     sizes = sorted(times)
     small, middle, large = sizes[0], sizes[-2], sizes[-1]
     per_byte = max((times[large] - times[middle]) / (large - middle), 1e-15)
@@ -75,8 +60,7 @@ def measure_link(world: int = 2) -> dict[str, Any]:
     """All-reduce ``world`` gloo processes on this host; the fitted latency and bandwidth, and the times."""
     import torch.multiprocessing as mp
 
-    context = mp.get_context("spawn")
-    results = context.Queue()
+    results = mp.get_context("spawn").Queue()
     mp.start_processes(_worker, args=(world, free_port(), results), nprocs=world, start_method="spawn")
     times = results.get(timeout=60)
     latency, bandwidth = fit_ring(times, world)

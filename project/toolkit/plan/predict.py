@@ -39,22 +39,12 @@ class Prediction:
 
 
 def _device_share(target: Target, devices: int) -> float:
-    """The fraction of the run's samples one of ``devices`` data-parallel devices computes."""
     return 1.0 / devices if target.batch == "global" else 1.0
 
 
 def share_seconds(run: Measured, share: float) -> tuple[float, float]:
-    """Forward and backward seconds for ``share`` of the run's batch: the run's own times scaled as its blocks'
-    measured times scale from the whole batch to that share (:func:`unit_seconds`: a fixed cost per block plus
-    a cost per image, so half a batch takes more than half the time); in proportion to the samples where the
-    run has no block times.
-
-    >>> times = {"batch_sizes": [32, 8], "forward": [[0.4], [0.16]], "backward": [[0.8], [0.32]]}
-    >>> run = Measured("cpu", 1, 32, 0, 0.4, 0.8, 0, 0, 1, 0, 0, 0, None, units=[["a", 1, 1, 1]], block_seconds=times)
-    >>> untimed = Measured(**{**run.__dict__, "block_seconds": None})
-    >>> [round(t, 3) for t in share_seconds(run, 0.5)], share_seconds(untimed, 0.5)
-    ([0.24, 0.48], (0.2, 0.4))
-    """
+    """Forward and backward seconds for ``share`` of the run's batch: the run's times scaled as its blocks' times
+    scale (:func:`unit_seconds`: half a batch takes more than half the time); in proportion without block times."""
     times = _block_times(run)
     if share >= 1 or times is None:
         return run.forward * share, run.backward * share
@@ -67,9 +57,7 @@ def share_seconds(run: Measured, share: float) -> tuple[float, float]:
 
 
 def _to_run(run: Measured, times: dict[str, Any]) -> dict[str, float | None]:
-    """Per kind (``forward``, ``backward``): what turns the blocks' times into the run's own -- the run's
-    seconds over its blocks' at its batch size (timed apart, after the fit); None where the blocks took
-    no time."""
+    """Per kind: the run's seconds over its blocks' at its batch size; None where the blocks took no time."""
     scale: dict[str, float | None] = {}
     for kind, measured in (("forward", run.forward), ("backward", run.backward)):
         whole = sum(unit_seconds(times, kind, i, run.batch_size) for i in range(len(run.units)))
@@ -78,12 +66,12 @@ def _to_run(run: Measured, times: dict[str, Any]) -> dict[str, float | None]:
 
 
 def _states_mb(run: Measured) -> float:
-    """Parameters, gradients and optimizer state, in MiB."""
+    # parameters, gradients and optimizer state
     return (2 * run.parameter_bytes + run.optimizer_state_bytes) / MIB
 
 
 def _baseline_mb(run: Measured) -> float | None:
-    """What the run's peak holds besides states and activations (the runtime, the data, workspaces)."""
+    # what the run's peak holds besides states and activations (the runtime, the data, workspaces)
     if run.peak_memory_mb is None:
         return None
     return run.peak_memory_mb - _states_mb(run) - run.activation_bytes_per_sample * run.batch_size / MIB
@@ -102,13 +90,9 @@ def predict_single(run: Measured, target: Target) -> Prediction:
 def predict_ddp(
     run: Measured, target: Target, link: Link, overlap: bool, replayed: Replayed | None = None
 ) -> Prediction:
-    """One process per device: its share of the batch (:func:`share_seconds`), the gradients all-reduced in
-    buckets during the backward, BatchNorm's buffers broadcast at each forward, the whole optimizer step on
-    every device. With ``overlap`` (GPUs: NCCL runs beside the compute) only what runs past the backward is
-    exposed; without it (a CPU: gloo copies and sums on the cores the backward computes on) all of it is,
-    and where ``replayed`` the all-reduces and broadcasts cost what they were replayed to cost."""
-    q, slow = _device_share(target, target.world), target.slowdown
-    world = target.world
+    """One process per device, gradients all-reduced in buckets during the backward: with ``overlap`` (NCCL) only what
+    runs past the backward is exposed; with gloo all of it, or what it was ``replayed`` to cost."""
+    q, slow, world = _device_share(target, target.world), target.slowdown, target.world
     forward, backward = (t * slow for t in share_seconds(run, q))
     buckets = ddp_buckets(run.parameter_bytes)
     broadcast = broadcast_seconds(run.buffer_bytes, world, link) if run.buffer_bytes else 0.0
@@ -128,14 +112,9 @@ def predict_ddp(
 def predict_fsdp(
     run: Measured, target: Target, link: Link, overlap: bool, replayed: Replayed | None = None
 ) -> Prediction:
-    """FSDP (ZeRO-3), on the device's share of the batch (:func:`share_seconds`): every unit's parameters
-    all-gathered before its forward and again before its backward, its gradients reduce-scattered after;
-    states sharded, the optimizer stepping ``1/N`` of them. On a CPU (gloo) FSDP2 runs these collectives
-    synchronously (none hidden); on GPUs each overlaps the compute of the unit before it. Where ``replayed``
-    (a CPU), the collectives (their copies included) and the sharded optimizer step cost what they were
-    replayed to cost."""
-    q, slow = _device_share(target, target.world), target.slowdown
-    world = target.world
+    """FSDP (ZeRO-3): parameters all-gathered before each unit's forward and backward, gradients reduce-scattered:
+    with ``overlap`` behind the previous unit's compute; with gloo none hidden, or what they were ``replayed``."""
+    q, slow, world = _device_share(target, target.world), target.slowdown, target.world
     groups = max(1, sum(1 for unit in run.units if unit[2] > 0))
     gather = all_gather_seconds(run.parameter_bytes, world, link) + (groups - 1) * (world - 1) * link.latency
     forward, backward = (t * slow for t in share_seconds(run, q))
@@ -149,25 +128,19 @@ def predict_fsdp(
         exposed = 3 * gather
     parts = {"data_wait": run.data_wait * q, "compute": forward + backward, "communication": exposed}
     parts |= {"optimizer": optimizer, "bubble": 0.0, "rest": run.rest}
-    largest_unit = max([unit[2] for unit in run.units] or [0]) * run.parameter_bytes / max(1, _parameters(run))
+    largest_unit = max([unit[2] for unit in run.units] or [0]) * run.parameter_bytes / max(1, run.parameters)
     activations = run.activation_bytes_per_sample * run.batch_size * q / MIB
     memory = _plus(_baseline_mb(run), _states_mb(run) / world + 2 * largest_unit / MIB + activations)
     return Prediction("fsdp", world, parts, round(run.batch_size * q * world), [memory] * world)
 
 
-def _parameters(run: Measured) -> int:
-    return sum(unit[2] for unit in run.units)
-
-
 def _block_times(run: Measured) -> dict[str, Any] | None:
-    """The run's blocks' measured times where they are those of its units (a run of declared blocks), else None."""
     times = run.block_seconds
     return times if times and len(times["forward"][0]) == len(run.units) else None
 
 
 def stage_seconds(run: Measured, groups: list[list[int]], micro_batches: int) -> tuple[list[float], list[float], str]:
-    """Forward and backward seconds of each stage (``groups`` of units) for one micro-batch: from the units'
-    measured times where the run has them, else the run's forward and backward split as the FLOPs are."""
+    """Forward and backward seconds of each stage for one micro-batch: by block times, else as the FLOPs split."""
     micro = run.batch_size / micro_batches
     times = _block_times(run)
     if times is not None:
@@ -181,14 +154,9 @@ def stage_seconds(run: Measured, groups: list[list[int]], micro_batches: int) ->
 
 
 def predict_pipeline(run: Measured, target: Target, link: Link) -> Prediction:
-    """GPipe over ``p`` = the devices, stages balanced by the units' FLOPs as the pipeline strategy splits
-    them, each stage taking the time its units were measured to take for a micro-batch of ``batch / m``
-    (:func:`stage_seconds`; by FLOPs where the run did not time them), the micro-batches' activations or
-    their gradients sent on between stages (:func:`gpipe_step_seconds`); every stage reads the whole
-    batch; each stage's optimizer updates its own parameters. With shared cores the schedule is played out
-    with the stages slowing each other only while both compute (:func:`gpipe_shared_seconds`)."""
-    stages, m = target.world, target.micro_batches
-    slow = target.slowdown
+    """GPipe over the devices, stages balanced by FLOPs as the pipeline strategy splits them, each taking its
+    units' time for a micro-batch (:func:`stage_seconds`), activations and gradients sent between stages."""
+    stages, m, slow = target.world, target.micro_batches, target.slowdown
     samples = run.batch_size  # one pipeline, no replicas: the whole batch goes through every stage
     costs = [float(unit[1]) or 1.0 for unit in run.units] or [1.0]  # as the strategy counts a block of no FLOPs
     groups = balanced_stages(costs, stages) if len(costs) >= stages else [list(range(len(costs)))]
@@ -203,7 +171,7 @@ def predict_pipeline(run: Measured, target: Target, link: Link) -> Prediction:
         busy = m * max(f + b for f, b in zip(forward, backward, strict=True))  # the slowest stage's compute
     communication = 2 * (m + len(groups) - 2) * message
     bubble = max(0.0, schedule - busy - communication)
-    param_share = [sum(run.units[i][2] for i in g) / max(1, _parameters(run)) for g in groups]
+    param_share = [sum(run.units[i][2] for i in g) / max(1, run.parameters) for g in groups]
     parts = {"data_wait": run.data_wait, "compute": busy, "communication": communication}
     parts |= {"optimizer": run.optimizer * max(param_share) * slow, "bubble": bubble, "rest": run.rest}
     output = [sum(run.units[i][3] for i in g) for g in groups]
@@ -216,9 +184,7 @@ def predict_pipeline(run: Measured, target: Target, link: Link) -> Prediction:
 
 
 def predict_dp(run: Measured, target: Target, link: Link) -> Prediction:
-    """DataParallel (one process, the devices of one node): the batch scattered from the root device, the
-    network replicated onto every device each step, the outputs gathered on the root, the gradients
-    reduced onto it, one optimizer step there; on a CPU it is one device (DataParallel runs the network as is)."""
+    """DataParallel (one process, one node): scatter, replicate, reduce onto the root; on a CPU, one device."""
     devices = target.devices if run.accelerator not in ("cpu",) else 1
     if devices < 2:
         single = predict_single(run, target)
@@ -240,10 +206,8 @@ def predict_dp(run: Measured, target: Target, link: Link) -> Prediction:
 def plan(
     run: Measured, target: Target, link: Link, overlap: bool | None = None, replayed: Replayed | None = None
 ) -> list[Prediction]:
-    """Every strategy's prediction for ``target``; ``replayed``: ddp's and fsdp's cost replayed on the
-    target's processes (:func:`replay_here`)."""
-    if overlap is None:
-        overlap = run.accelerator != "cpu"
+    """Every strategy's prediction for ``target``; ``replayed``: ddp's and fsdp's cost replayed here."""
+    overlap = run.accelerator != "cpu" if overlap is None else overlap
     return [
         predict_single(run, target),
         predict_dp(run, target, link),
@@ -254,10 +218,5 @@ def plan(
 
 
 def scaling_efficiency(prediction: Prediction, run: Measured) -> float:
-    """Throughput over ``devices x`` the measured single device's.
-
-    >>> scaling_efficiency(Prediction("ddp", 4, {"compute": 1.25}, 128, []), Measured(
-    ...     "cuda", 1, 32, 0, 0.25, 0.5, 0.25, 0, 1, 0, 0, 0, None))
-    0.8
-    """
+    """Throughput over ``devices x`` the measured single device's."""
     return prediction.samples_per_second / (prediction.world * run.samples_per_second)
