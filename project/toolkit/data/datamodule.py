@@ -1,26 +1,6 @@
-"""A LightningDataModule for any image classification set that fits in memory as uint8 arrays.
-
-A data set is a small subclass of :class:`ImageArrayDataModule` that says how to get its arrays
-(``num_classes``, ``image_shape``, :meth:`~ImageArrayDataModule.load_split`, optionally ``mean``/``std``,
-and :meth:`~ImageArrayDataModule.prepare_files` if it downloads); :class:`project.data.CIFAR10DataModule`
-is one. Everything else is here, the same for every data set:
-
-- ``batch_size`` is the GLOBAL batch: the data module splits it across the processes of the run,
-  and refuses one that does not divide;
-- a seeded validation split held out of the training images, apart from the training seed;
-- normalisation with the data set's per-channel statistics: declared, or measured once from the
-  training split (:mod:`~project.toolkit.data.statistics`); grey (1-channel) or colour (3) images,
-  and a data set class's declarations checked when it is built (:mod:`~project.toolkit.data.declarations`);
-- ``synthetic=True``: random images of the data set's shape, with no disk and no network;
-- training that is reproducible whatever the number of DataLoader workers, and can resume in the
-  middle of an epoch: the order of an epoch and the augmentation of every image depend only on
-  ``(seed, epoch, image index)`` (see :class:`~project.toolkit.data.samplers.TrainingSampler` and
-  :mod:`project.toolkit.data.augmentation`);
-- evaluation that sees every image exactly once across processes, in as many batches on each;
-- two input paths with the same images: the data set kept on the device and augmented there in batches
-  (the loaders carrying only indices), or DataLoader workers augmenting one image at a time; by default
-  (``auto``) each run takes the faster for its machine (:mod:`project.toolkit.data.input_path`).
-"""
+"""A LightningDataModule for any image classification set held in memory as uint8 arrays: the global batch split
+across processes, training reproducible whatever the workers and resumable mid-epoch, evaluation of every image
+once, augmentation on the device or in DataLoader workers (:mod:`project.toolkit.data.input_path`)."""
 
 from __future__ import annotations
 
@@ -51,52 +31,31 @@ log = get_logger(__name__)
 
 
 class ImageArrayDataModule(LightningDataModule):
-    """An image classification set held in memory as uint8 ``(N, H, W, C)`` arrays (C is 1 or 3), for
-    training on one process or many, with DataLoader workers or on the accelerator.
+    """An image classification set held in memory as uint8 ``(N, H, W, C)`` arrays.
 
-    A subclass is one data set: it sets ``num_classes`` and ``image_shape`` (and ``mean`` and ``std``
-    if it knows them) and defines :meth:`load_split` (and :meth:`prepare_files` if its files can be
-    downloaded). Its docstring's ``Args`` may restate the options below in the data set's terms: the
-    CLI shows the subclass's.
+    A subclass sets ``num_classes``, ``image_shape`` (``mean``/``std`` if known) and :meth:`load_split`.
 
     Args:
         data_dir: Folder that holds (or will hold) the data set's files.
         download: Download the data set if its files are missing.
-        image_size: Side of the square images fed to the model: the images are resized to it.
+        image_size: Side of the square images fed to the model (the images are resized to it).
         batch_size: GLOBAL batch size: each of the run's N processes loads ``batch_size / N``.
-        num_workers: DataLoader worker processes per training process. ``auto``: none on a CPU run
-            (they would take cores from the training step), ``min(4, CPUs per process)`` where they
-            feed an accelerator; a number also chooses the DataLoader path when ``on_device`` is
-            ``auto``. Any number gives the same images: each image's augmentation depends only on
-            (seed, epoch, image index).
-        val_size: Training images held out (a seeded random choice) for validation; 0 trains on every
-            image, without validation.
+        num_workers: DataLoader workers per process; ``auto``: none on a CPU run, ``min(4, CPUs per process)`` else.
+        val_size: Training images held out (seeded) for validation; 0 trains on every image, without validation.
         synthetic: Use random images and labels instead of files: no disk, no network.
         synthetic_size: Training-set size of the synthetic data (its test set is a fifth of it).
-        split_seed: Seed of the validation split and of the synthetic data; kept apart from the
-            training seed so the split stays put when the training seed changes.
-        on_device: Keep all images (uint8) on the training device (a CPU run: in the training
-            process) and crop, flip, resize and normalise whole batches there, with no DataLoader
-            workers; the loaders then carry only image indices. ``false``: the DataLoader path, the
-            same images augmented one at a time. ``auto``: on the device when the data set takes at
-            most a quarter of its memory (a CPU run: of the RAM), else the DataLoader path; the run's
-            choice and its reason are in ``timing.json`` (``input_path``).
+        split_seed: Seed of the validation split and the synthetic data, apart from the training seed.
+        on_device: Keep the images on the training device, augmented there in batches; ``auto``: if they fit.
     """
 
-    num_classes: int
-    """How many classes; the CLI links it to ``model.num_classes``, so it is never typed twice."""
-    image_shape: tuple[int, int, int]
-    """``(height, width, channels)`` of one image as :meth:`load_split` gives it, channels 1 or 3; the
-    synthetic data's too."""
-    mean: tuple[float, ...] | None = None
-    """Per-channel mean of the training images on the 0-1 scale; None: measured in :meth:`setup`."""
+    num_classes: int  # the CLI links it to model.num_classes
+    image_shape: tuple[int, int, int]  # (height, width, channels) of one image as load_split gives it; channels 1 or 3
+    mean: tuple[float, ...] | None = None  # per channel, 0-1 scale; None: measured in setup from the training split
     std: tuple[float, ...] | None = None
-    """Per-channel standard deviation of the training images on the 0-1 scale; None: measured in
-    :meth:`setup`, with ``mean``, from the training split (after the validation hold-out)."""
 
     @property
     def in_channels(self) -> int:
-        """Channels of one image (1 or 3); the CLI links it to ``model.in_channels``, like ``num_classes``."""
+        """Channels of one image (1 or 3); the CLI links it to ``model.in_channels``."""
         return self.image_shape[2]
 
     def __init__(
@@ -113,9 +72,8 @@ class ImageArrayDataModule(LightningDataModule):
         on_device: bool | Literal["auto"] = AUTO,
     ) -> None:
         super().__init__()
-        # What normalises the images: the class's declaration, else measured in setup (the same on every rank).
-        self.channel_stats: ChannelStats | None = check_declarations(type(self))
-        if num_workers is None:  # "automatic" before it was spelled auto (older configs and checkpoints)
+        self.channel_stats: ChannelStats | None = check_declarations(type(self))  # None: measured in setup
+        if num_workers is None:  # accepted for auto (in older configs and checkpoints)
             num_workers = AUTO
         for name, value, low in (
             ("image_size", image_size, 1),
@@ -135,35 +93,24 @@ class ImageArrayDataModule(LightningDataModule):
         self.data_dir = Path(data_dir)
         self.label_names: list[str] = [str(i) for i in range(self.num_classes)]
         self._datasets: dict[str, ImageArrayDataset] = {}
-        # on_device: each split's images (uint8, N x H x W x C, as the arrays come) and labels on the accelerator
-        self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # on_device: images, labels per split
         self._input_path: InputPath | None = None  # chosen in setup, from the options and the machine
 
-    # -- what a data set says: how to get its arrays -------------------------------------------
-
     def prepare_files(self) -> None:
-        """Make the files :meth:`load_split` reads available: download them if they are missing
-        (and ``download`` is true), or say where they should be. Runs once per node, before any
-        process reads, and not at all for synthetic data. Nothing to do by default."""
+        """Make :meth:`load_split`'s files available (download them, or say where); once per node, not if synthetic."""
 
     def load_split(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
-        """The training images and labels (``train=True``) or the test ones: uint8
-        ``(N, *image_shape)`` and integer labels in ``0..num_classes - 1``. Runs on every process;
-        may set ``self.label_names``. Not called for synthetic data."""
+        """The training (``train=True``) or test images and labels: uint8 ``(N, *image_shape)`` and integers in
+        ``0..num_classes - 1``. Runs on every process; may set ``self.label_names``."""
         raise NotImplementedError(f"{type(self).__name__} must define load_split: how to read its images")
-
-    # -- preparing: once per node, before any other rank reads --------------------------------
 
     def prepare_data(self) -> None:
         if not self.hparams.synthetic:
             self.prepare_files()
 
-    # -- setting up: on every rank -------------------------------------------------------------
-
     @property
     def world_size(self) -> int:
-        """The processes that split each batch between them: every process, unless the strategy shows
-        each sample to several (``sample_copies``: every stage of ``pipeline`` reads the whole batch)."""
+        """The processes that split each batch: all, unless each sample goes to several (``sample_copies``)."""
         return self._replica()[0]
 
     def _replica(self) -> tuple[int, int]:
@@ -202,13 +149,10 @@ class ImageArrayDataModule(LightningDataModule):
         if path.on_device:
             self._move_to_device(splits)
         if not path.on_device and path.num_workers == 0 and self.hparams.num_workers == AUTO:
-            # Lightning advises more workers for a DataLoader with fewer than 2; auto chose none on a CPU,
-            # where workers would take cores from the training step. (The on-device path has no DataLoader.)
+            # Lightning's advice for more workers: auto chose none on a CPU, where they would slow the step.
             warnings.filterwarnings("ignore", message=r"The '\w+_dataloader' does not have many workers")
 
     def _choose_input_path(self, splits: tuple[str, ...]) -> InputPath:
-        """The input path for this run: the options, and the bytes the ``splits`` (with those on the
-        device already) would take there."""
         held = {*splits, *self._on_device}
         size = sum(self._datasets[s].images.nbytes + self._datasets[s].labels.nbytes for s in held)
         machine, trainer = machine_of(self.trainer), self.trainer is not None
@@ -216,8 +160,7 @@ class ImageArrayDataModule(LightningDataModule):
 
     @property
     def input_path(self) -> InputPath:
-        """The input path this run takes (``on_device`` or ``dataloader``), its workers and why; decided
-        in :meth:`setup`, or before it from the options and an empty data set."""
+        """The input path this run takes, its workers and why; before :meth:`setup`: for an empty data set."""
         return self._input_path or self._choose_input_path(())
 
     @property
@@ -236,8 +179,7 @@ class ImageArrayDataModule(LightningDataModule):
         return order[self.hparams.val_size :], order[: self.hparams.val_size]
 
     def _normalisation_stats(self, images: np.ndarray, train: np.ndarray) -> ChannelStats:
-        """The statistics that normalise the images: the declared ones, else measured once on the
-        training images ``images[train]`` (the same numbers on every rank, which reads the same arrays)."""
+        """The declared statistics, else measured once on ``images[train]`` (the same on every rank)."""
         if self.channel_stats is None:
             self.channel_stats = measure_channel_stats(images, train)
             log.info(
@@ -251,25 +193,19 @@ class ImageArrayDataModule(LightningDataModule):
         return self.channel_stats
 
     def _evaluation_transform(self) -> partial:
-        """One evaluation image as the network takes it: resized and normalised, not augmented."""
         mean, std = self.channel_stats
         return partial(to_model_input, image_size=self.hparams.image_size, mean=mean, std=std)
 
     def _move_to_device(self, splits: tuple[str, ...]) -> None:
-        """on_device: copy the images and labels of ``splits`` to the accelerator, once. Lightning
-        sets up the strategy (and so the device of this process) before the data."""
         if self.trainer is None:
             raise DataError("data.on_device=true needs a Trainer, whose accelerator holds the images")
         device = self.trainer.strategy.root_device
         for split in splits:
             if split not in self._on_device:
-                dataset = self._datasets[split]
-                # As the arrays come, (N, H, W, C): rows_of makes channels_last batches of them.
-                images = torch.from_numpy(dataset.images).to(device)
-                self._on_device[split] = images, torch.from_numpy(dataset.labels).to(device)
+                dataset = self._datasets[split]  # as the arrays come, (N, H, W, C): rows_of makes batches of them
+                self._on_device[split] = tuple(torch.from_numpy(a).to(device) for a in (dataset.images, dataset.labels))
 
     def _load(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Images and labels of the training or the test split (or their synthetic twin)."""
         if self.hparams.synthetic:
             count = self.hparams.synthetic_size if train else max(1, self.hparams.synthetic_size // 5)
             rng = np.random.default_rng([self.hparams.split_seed, int(train)])
@@ -278,9 +214,8 @@ class ImageArrayDataModule(LightningDataModule):
         return self._checked(*self.load_split(train), where=f"{type(self).__name__}.load_split(train={train})")
 
     def _checked(self, images: Any, labels: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
-        """The arrays a data set gave, refused here, naming it, unless the pipelines can take them: the
-        loaders index uint8 ``(N, *image_shape)`` images (grey ones may come as ``(N, H, W)``), and the
-        model trusts the labels (its metrics do not check them every batch, which would wait on the device)."""
+        """The arrays a data set gave, refused (naming it) unless uint8 ``(N, *image_shape)`` (grey ones may come
+        ``(N, H, W)``) with integer labels in range: the metrics do not check labels every batch."""
         if isinstance(images, np.ndarray) and images.ndim == 3 and self.image_shape[2] == 1:
             images = images[..., None]  # a view: grey images with their one channel made explicit
         if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.shape[1:] == self.image_shape):
@@ -298,8 +233,6 @@ class ImageArrayDataModule(LightningDataModule):
             )
         return images, labels.astype(np.int64, copy=False)
 
-    # -- loaders -----------------------------------------------------------------------------
-
     def _loader(self, split: str, train: bool = False, predict: bool = False) -> DataLoader | KeyBatches | SliceBatches:
         dataset: Dataset = self._datasets[split]
         world, rank = self._replica()
@@ -307,46 +240,29 @@ class ImageArrayDataModule(LightningDataModule):
             if train:
                 return KeyBatches(self._training_sampler(dataset, world, rank))
             return SliceBatches(len(dataset), self.per_process_batch_size, num_replicas=world, rank=rank)
-        workers = self.num_workers
-        on_cuda = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
-        # A generator of its own: a DataLoader draws its workers' base seed when it starts iterating,
-        # from torch's global generator by default, and how often it does (once with persistent
-        # workers, every epoch without) would then shift the dropout masks the model draws after it.
-        # Nothing in loading is random otherwise: the samplers and the augmentation have their own seeds.
+        workers, trainer = self.num_workers, self.trainer
+        # A generator of its own: the workers' base seed would otherwise be drawn from torch's global generator,
+        # as often as the workers start, shifting the model's dropout masks.
         common = {
             "num_workers": workers,
-            "pin_memory": on_cuda,
+            "pin_memory": trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator),
             "persistent_workers": workers > 0,
             "generator": torch.Generator().manual_seed(0),
         }
         if world > 1 and not train and not predict:
-            # Every image exactly once across the ranks (the default sampler pads the last shard with
-            # repeats), so distributed val/test metrics equal a single-process evaluation; and as many
-            # batches on every rank, which fsdp needs (see EvenBatchSampler).
+            # Every image once across the ranks (metrics equal one process's), as many batches on each (for fsdp).
             batches = EvenBatchSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank)
             return DataLoader(IndexBatches(dataset), batch_size=None, sampler=batches, **common)
         sampler = None
         if train:
             sampler = self._training_sampler(dataset, world, rank)
         elif world > 1:
-            # predict: every image once, in batches of batch_size, by a DataLoader that batches by itself:
-            # Lightning records the image indices of such a loader's batches, which predictions.csv needs.
+            # predict: every image once, by a DataLoader that batches: Lightning records its batches' indices.
             sampler = UnrepeatedDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
-        return DataLoader(
-            dataset,
-            batch_size=self.per_process_batch_size,
-            sampler=sampler,
-            drop_last=train,  # equal-sized training steps; evaluation sees every image
-            **common,
-        )
+        return DataLoader(dataset, batch_size=self.per_process_batch_size, sampler=sampler, drop_last=train, **common)
 
     def _training_sampler(self, dataset: Dataset, world: int, rank: int) -> TrainingSampler:
-        """Our own sampler even on one process: its order depends only on (seed, epoch), which Lightning
-        advances with set_epoch every epoch, so every rank sees a disjoint shard, reshuffled each epoch, and a
-        resumed run sees the same order as an unbroken one. drop_last: the few images that do not divide
-        across the ranks sit this epoch out (as an incomplete last batch does) instead of being repeated on
-        some rank. The sampler also hands each image its augmentation's (seed, epoch), and can start an epoch
-        mid-way."""
+        """Ours even on one process: its order depends only on (seed, epoch), so shards are disjoint and resumable."""
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         return TrainingSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank, seed=seed)
 
@@ -368,10 +284,7 @@ class ImageArrayDataModule(LightningDataModule):
         return self._loader("test", predict=True)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """on_device: turn a batch of indices, now on the accelerator, into ``(images, labels)``: training
-        batches (rows ``[index, dy, dx, flip]``, :class:`KeyBatches`) cropped, flipped, resized and
-        normalised, evaluation and prediction batches (slices, :class:`SliceBatches`) resized and normalised,
-        all in one go. The result is converted as Lightning converts a loaded batch for the run's precision."""
+        """on_device: a batch of indices made ``(images, labels)`` on the device, converted for the run's precision."""
         if not self.on_device:
             return batch
         size, (mean, std) = self.hparams.image_size, self.channel_stats
@@ -391,6 +304,5 @@ def image_channels(trainer: Any) -> int:
 
 
 def data_settings(trainer: Any) -> Mapping[str, Any]:
-    """The settings of ``trainer``'s data module (its hparams: ``image_size``, ``batch_size``, ...);
-    empty for a Trainer given dataloaders instead of a data module."""
+    """The hparams of ``trainer``'s data module (``image_size``, ``batch_size``, ...); empty without one."""
     return getattr(trainer.datamodule, "hparams", {}) if trainer.datamodule is not None else {}

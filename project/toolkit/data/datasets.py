@@ -1,10 +1,4 @@
-"""The Datasets of the generic pipeline, all over images held in memory as uint8 ``(N, H, W, C)``.
-
-:class:`ImageArrayDataset` gives evaluation images; :class:`AugmentedImages` gives training images
-augmented as a function of ``(seed, epoch, image index)`` (an :class:`~project.toolkit.data.samplers.EpochIndex`
-key); :class:`IndexBatches` reads a whole batch at a time. (Under ``--data.on_device=true`` the images wait
-on the accelerator and the loaders carry only indices: :mod:`project.toolkit.data.samplers`.)
-"""
+"""The Datasets of the DataLoader path, over images held in memory as uint8 ``(N, H, W, C)``."""
 
 from __future__ import annotations
 
@@ -20,14 +14,7 @@ from project.toolkit.data.samplers import EpochIndex
 
 
 class ImageArrayDataset(Dataset):
-    """Images held in memory as uint8 ``(N, H, W, C)`` with integer labels; each item is a
-    ``(C, H, W)`` tensor passed through ``transform``.
-
-    >>> ds = ImageArrayDataset(np.zeros((2, 32, 32, 3), np.uint8), np.array([3, 7]))
-    >>> image, label = ds[1]
-    >>> tuple(image.shape), label
-    ((3, 32, 32), 7)
-    """
+    """uint8 ``(N, H, W, C)`` images with integer labels; an item is a ``(C, H, W)`` tensor through ``transform``."""
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Callable | None = None) -> None:
         self.images, self.labels, self.transform = images, labels, transform
@@ -50,17 +37,8 @@ def crop_and_flip_of(key: EpochIndex, count: int) -> np.ndarray:
 
 
 class AugmentedImages(ImageArrayDataset):
-    """The training images, each item ``key`` (an :class:`EpochIndex`) augmented with the crop and
-    flip that :func:`~project.toolkit.data.augmentation.draw_crops_and_flips` gives image ``key`` in epoch
-    ``key.epoch`` of a run seeded ``key.seed``: the same tensor whichever worker loads it, in
-    whatever order, and the same as ``--data.on_device=true`` makes of it. ``mean`` and ``std``: the
-    data set's per-channel statistics, which normalise it.
-
-    >>> ds = AugmentedImages(np.zeros((3, 32, 32, 1), np.uint8), np.array([3, 7, 1]), 48, mean=[0.5], std=[0.2])
-    >>> image, label = ds[EpochIndex(1, seed=0, epoch=0)]
-    >>> tuple(image.shape), label
-    ((1, 48, 48), 7)
-    """
+    """The training images, item ``key`` (an :class:`EpochIndex`) augmented as ``draw_crops_and_flips`` says for
+    its epoch and seed: the same tensor in any worker or order, and as ``on_device`` makes it."""
 
     def __init__(
         self, images: np.ndarray, labels: np.ndarray, image_size: int, mean: Sequence[float], std: Sequence[float]
@@ -75,13 +53,7 @@ class AugmentedImages(ImageArrayDataset):
 
 
 class IndexBatches(Dataset):
-    """``dataset`` read a whole batch at a time: item ``[i, j, ...]`` is the collated batch of those
-    images, for a DataLoader whose sampler yields lists of indices (``batch_size=None``).
-
-    >>> images, labels = IndexBatches(ImageArrayDataset(np.zeros((3, 32, 32, 3), np.uint8), np.arange(3)))[[0, 2]]
-    >>> tuple(images.shape), labels.tolist()
-    ((2, 3, 32, 32), [0, 2])
-    """
+    """``dataset`` read a batch at a time (item ``[i, j, ...]``), for a DataLoader whose sampler yields lists."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset

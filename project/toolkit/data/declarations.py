@@ -1,6 +1,5 @@
-"""What a data set class declares -- ``num_classes``, ``image_shape`` and, optionally, ``mean`` and
-``std`` -- checked once when it is built, so a mistake is one line naming the class and the
-attribute, not a failure deep inside a loader or a convolution."""
+"""The checks of what a data set class declares (``num_classes``, ``image_shape``, optionally ``mean`` and
+``std``), once when it is built: a mistake is one line naming the class and the attribute."""
 
 from __future__ import annotations
 
@@ -13,14 +12,7 @@ CHANNELS = (1, 3)  # grey or colour: what the networks' first convolution and th
 
 
 def check_declarations(cls: type) -> ChannelStats | None:
-    """Refuse, in one line, a data set class whose ``num_classes``, ``image_shape``, ``mean`` or ``std``
-    the pipelines cannot take; return its declared statistics (None: to be measured).
-
-    >>> class Grey:
-    ...     num_classes, image_shape, mean, std = 10, (28, 28, 1), (0.13,), (0.31,)
-    >>> check_declarations(Grey)
-    ChannelStats(mean=(0.13,), std=(0.31,))
-    """
+    """Refuse a data set class whose declarations the pipelines cannot take; its declared statistics, or None."""
     owner = cls.__name__
     num_classes = getattr(cls, "num_classes", None)
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
@@ -38,22 +30,15 @@ def check_declarations(cls: type) -> ChannelStats | None:
 def declared_channel_stats(
     owner: str, mean: Sequence[float] | None, std: Sequence[float] | None, channels: int
 ) -> ChannelStats | None:
-    """The statistics a data set class ``owner`` declares (None if it declares neither), refused in one
-    line unless they are ``channels`` numbers each, a mean in [0, 1] and a standard deviation in (0, 1].
-
-    >>> declared_channel_stats("Grey", [0.5], [0.25], channels=1)
-    ChannelStats(mean=(0.5,), std=(0.25,))
-    >>> declared_channel_stats("Grey", None, None, channels=1) is None
-    True
-    """
+    """The statistics class ``owner`` declares (None if neither), refused unless ``channels`` numbers each,
+    means in [0, 1] and standard deviations in (0, 1]."""
     if mean is None and std is None:
         return None
     if mean is None or std is None:
         raise DataError(f"{owner} declares only one of mean and std: declare both, or neither to measure them")
-    allowed = {"mean": ("[0, 1]", lambda v: 0 <= v <= 1), "std": ("(0, 1]", lambda v: 0 < v <= 1)}
+    checks = (("mean", mean, "[0, 1]", lambda v: 0 <= v <= 1), ("std", std, "(0, 1]", lambda v: 0 < v <= 1))
     stats = []
-    for name, values in (("mean", mean), ("std", std)):
-        interval, fits = allowed[name]
+    for name, values, interval, fits in checks:
         try:
             numbers = tuple(float(v) for v in values)
         except (TypeError, ValueError):

@@ -1,5 +1,4 @@
-"""A data set's files, for the data set files of the template layer (``project/data/``): pickles read
-without running code, and an archive downloaded, checked and unpacked atomically."""
+"""A data set's files: pickles read without running code, an archive downloaded, checked and unpacked atomically."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from project.toolkit.errors import DataError
 
 
 class NumpyOnlyUnpickler(pickle.Unpickler):
-    """Data sets shipped as pickles (CIFAR-10's official files): refuse anything but the numpy arrays
-    they contain, so a tampered file cannot run code."""
+    """Refuses anything in a pickle but numpy arrays (CIFAR-10's files), so a tampered file cannot run code."""
 
     _ALLOWED = {
         ("numpy.core.multiarray", "_reconstruct"),
@@ -54,13 +52,9 @@ def load_numpy_pickle(path: Path) -> dict[str, Any]:
 def download_archive(
     url: str, md5: str, data_dir: Path, folder: str, is_complete: Callable[[Path], bool], timeout: float = 60.0
 ) -> None:
-    """Download the archive at ``url``, check its ``md5`` and unpack its ``folder`` into ``data_dir / folder``.
-
-    Everything is written under a private temporary name and moved into place with one rename, so
-    an interrupted download never leaves a partial data set, and two processes (two nodes on a
-    shared disk, two runs at once) never write the same files. Raises ``OSError`` or ``ValueError``
-    on failure; the caller turns that into a message for the user.
-    """
+    """Download the archive at ``url``, check its ``md5`` and unpack its ``folder`` into ``data_dir / folder``,
+    moved into place with one rename: never a partial data set, nor two processes writing the same files.
+    Raises ``OSError`` or ``ValueError``; the caller words the message."""
     data_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder}-download-", dir=data_dir))
     try:

@@ -1,15 +1,5 @@
-"""The samplers of the generic pipeline: which images a process loads, in what order.
-
-Training: :class:`TrainingSampler` deals each process a disjoint shard, reshuffled every epoch, as
-:class:`EpochIndex` keys that carry ``(seed, epoch)`` along with the image index, so an image's
-augmentation can be looked up wherever the key goes, and an epoch can start at any batch.
-Evaluation under several processes: :class:`EvenBatchSampler` gives every image exactly once and
-every process the same number of batches.
-
-The on-device path needs no DataLoader: :class:`KeyBatches` (training) and :class:`SliceBatches`
-(evaluation and prediction) hand Lightning, which iterates any sized iterable as a loader, batches of
-indices to look the images up by on the device.
-"""
+"""Which images a process loads, in what order: the resumable training sampler, the evaluation batches that
+give every process as many, and the on-device path's batches of indices (no DataLoader needed)."""
 
 from __future__ import annotations
 
@@ -26,15 +16,8 @@ from project.toolkit.errors import DataError
 
 
 class EpochIndex(int):
-    """An image index that also carries the ``(seed, epoch)`` it is drawn for, so that the image's
-    augmentation can be looked up wherever the index goes -- in a DataLoader worker that was started
-    epochs ago, too. It is an ``int`` everywhere else (equal to, hashed and JSON-encoded as its
-    index).
-
-    >>> key = EpochIndex(7, seed=42, epoch=3)
-    >>> key == 7, key.epoch, key
-    (True, 3, EpochIndex(7, seed=42, epoch=3))
-    """
+    """An image index (an ``int`` everywhere else) that carries the ``(seed, epoch)`` it is drawn for, so its
+    augmentation can be looked up wherever it goes, in a worker started epochs ago too."""
 
     seed: int
     epoch: int
@@ -52,24 +35,8 @@ class EpochIndex(int):
 
 
 class TrainingSampler(DistributedSampler):
-    """This process's share of the training images for one epoch, as :class:`EpochIndex` keys.
-
-    The order is DistributedSampler's: the images shuffled by ``seed + epoch``, dealt out to the
-    ``num_replicas`` processes in turn, the few that do not divide evenly left out this epoch
-    (``drop_last``). Lightning calls :meth:`set_epoch` before every epoch, so every process sees a
-    disjoint shard, reshuffled each epoch, and a resumed run sees the order of an unbroken one.
-
-    To resume in the middle of an epoch, :meth:`resume_at` leaves out the batches the interrupted
-    run had trained on. ``len()`` stays the length of the whole shard: Lightning counts those
-    batches as done already.
-
-    >>> sampler = TrainingSampler(range(6), batch_size=2, num_replicas=1, rank=0, seed=0)
-    >>> sampler.set_epoch(1)
-    >>> order = list(sampler)
-    >>> sampler.resume_at(epoch=1, batches_done=2)
-    >>> list(sampler) == order[4:], len(sampler), order[4]
-    (True, 6, EpochIndex(3, seed=0, epoch=1))
-    """
+    """This process's shard of an epoch's training images as :class:`EpochIndex` keys, in DistributedSampler's
+    order; :meth:`resume_at` starts mid-epoch (``len()`` stays the shard's: Lightning counts those batches done)."""
 
     def __init__(self, dataset: Dataset, batch_size: int, num_replicas: int, rank: int, seed: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
@@ -77,24 +44,14 @@ class TrainingSampler(DistributedSampler):
         self.batches_done = 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Shuffle for ``epoch``. Moving to another epoch starts it from its first batch; setting the
-        epoch it is at already (as Lightning does after :meth:`resume_at`) keeps the batches done."""
+        """Shuffle for ``epoch``; moving to another epoch starts it from its first batch."""
         if epoch != self.epoch:
             self.batches_done = 0
         super().set_epoch(epoch)
 
     def resume_at(self, epoch: int, batches_done: int) -> None:
-        """Go to ``epoch`` and leave out the first ``batches_done`` batches of this process's shard
-        in every iteration until :meth:`set_epoch` moves to another epoch.
-
-        For a callback that resumes a run from a checkpoint taken in the middle of an epoch. The
-        sampler is ``trainer.train_dataloader.sampler``. In ``on_train_start`` (Lightning calls no
-        ``on_train_epoch_start`` for an epoch it resumes mid-way), call
-        ``resume_at(trainer.current_epoch, batches_done)`` with the batches of that epoch the
-        checkpoint has trained on, then ``iter()`` Lightning's data fetcher, whose iterator was made
-        before the checkpoint was loaded. The next image is then the one the interrupted run would
-        have trained on next, with the same augmentation, whatever ``num_workers``.
-        """
+        """Go to ``epoch`` and skip its first ``batches_done`` batches until :meth:`set_epoch` moves on: for a
+        callback resuming mid-epoch (``on_train_start``; then ``iter()`` Lightning's data fetcher again)."""
         batches = len(self) // self.batch_size
         if not 0 <= batches_done <= batches:
             raise ValueError(f"cannot resume after {batches_done} batches: an epoch has {batches} on this process")
@@ -110,24 +67,8 @@ class TrainingSampler(DistributedSampler):
 
 
 class KeyBatches:
-    """The training batches of the on-device path, with no DataLoader: each a ``(batch_size, 4)`` int64 tensor
-    of rows ``[index, dy, dx, flip]``, an image of ``sampler``'s shard (in its order) and the crop and flip
-    :func:`~project.toolkit.data.augmentation.draw_crops_and_flips` gives that image this epoch -- the
-    augmentation the DataLoader path gives it (:class:`~project.toolkit.data.datasets.AugmentedImages`).
-    Whole batches only, as the DataLoader path drops an incomplete last one.
-
-    The epoch's rows are made at once when an iteration starts, and each batch is a view of them: on a CPU
-    a DataLoader over the keys took 0.5 ms a batch of 128 (half a percent of MobileNetV2's training step at
-    32 px), this takes microseconds. ``sampler`` is where a loader's is, for Lightning, which calls its
-    ``set_epoch`` every epoch, and for :class:`~project.toolkit.callbacks.reproducibility.ReseedEveryEpoch`,
-    which calls its ``resume_at``.
-
-    >>> sampler = TrainingSampler(range(5), batch_size=2, num_replicas=1, rank=0, seed=0)
-    >>> batches, order, table = KeyBatches(sampler), sampler.shard(), draw_crops_and_flips(0, 0, 5)
-    >>> len(batches), [batch.tolist() for batch in batches] == [[[i, *table[i]] for i in order[:2]],
-    ...                                                         [[i, *table[i]] for i in order[2:4]]]
-    (2, True)
-    """
+    """The on-device path's training batches, without a DataLoader: ``(batch_size, 4)`` int64 rows ``[index, dy,
+    dx, flip]`` of ``sampler``'s shard, whole batches only. ``sampler`` is where Lightning looks for a loader's."""
 
     def __init__(self, sampler: TrainingSampler) -> None:
         self.sampler = sampler
@@ -136,8 +77,7 @@ class KeyBatches:
         return len(self.sampler) // self.sampler.batch_size
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        # A generator: the epoch is read at the first batch, not when the iterator is made. Lightning makes
-        # it before it sets the epoch of a run that resumes (as a DataLoader's iterator reads its sampler late).
+        # A generator: the epoch is read at the first batch, after Lightning sets the epoch of a resumed run.
         sampler, size = self.sampler, self.sampler.batch_size
         index = np.asarray(sampler.shard(), dtype=np.int64)
         index = index[: len(index) // size * size]
@@ -148,21 +88,8 @@ class KeyBatches:
 
 
 class EvenBatchSampler(DistributedSampler):
-    """The evaluation batches of one of ``num_replicas`` processes, each a list of indices.
-
-    Every image is seen exactly once across the processes (process r takes images r, r + N, r + 2N,
-    ...), so metrics reduced across them equal a single-process evaluation. And every process gets
-    the SAME number of batches: under fsdp each forward pass is collective (the processes gather
-    each block's parameters together), so a process with one batch fewer would leave the others
-    waiting forever. Batches hold at most ``batch_size`` images; a process with fewer images than
-    another makes its last batches smaller. It is a DistributedSampler so that Lightning sees the
-    data split already and puts in no sampler of its own.
-
-    >>> [list(EvenBatchSampler(range(5), batch_size=2, num_replicas=2, rank=rank)) for rank in (0, 1)]
-    [[[0, 2], [4]], [[1], [3]]]
-    >>> [[len(batch) for batch in EvenBatchSampler(range(41), 10, num_replicas=2, rank=rank)] for rank in (0, 1)]
-    [[10, 10, 1], [10, 9, 1]]
-    """
+    """One process's evaluation batches (lists of indices): every image once across processes, and as many batches
+    on each, which fsdp's collective forwards need. A DistributedSampler, so Lightning adds none of its own."""
 
     def __init__(self, dataset: Dataset, batch_size: int, num_replicas: int, rank: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
@@ -189,18 +116,8 @@ class EvenBatchSampler(DistributedSampler):
 
 
 class SliceBatches:
-    """The evaluation and prediction batches of one of ``num_replicas`` processes as slices of the image
-    tensor, for the on-device input path: :class:`EvenBatchSampler`'s batches (every image once, as many
-    batches on every process), each a run of every ``num_replicas``-th image, so a slice with that step.
-    Lightning takes them as they are -- it iterates any sized iterable as a loader -- and the batch becomes
-    images with no gather and no DataLoader (on a CPU, a DataLoader's batches of 128 indices cost 0.2-0.3 ms
-    each, about 1 % of MobileNetV2's evaluation step at 32 px).
-
-    >>> [list(SliceBatches(5, batch_size=2, num_replicas=2, rank=rank)) for rank in (0, 1)]
-    [[slice(0, 3, 2), slice(4, 5, 2)], [slice(1, 2, 2), slice(3, 4, 2)]]
-    >>> SliceBatches(5, batch_size=2, num_replicas=2, rank=0).batch_indices()
-    [[0, 2], [4]]
-    """
+    """:class:`EvenBatchSampler`'s batches as slices of the on-device image tensor (step ``num_replicas``):
+    no gather, no DataLoader; Lightning iterates any sized iterable as a loader."""
 
     def __init__(self, count: int, batch_size: int, num_replicas: int, rank: int) -> None:
         batches = EvenBatchSampler(range(count), batch_size, num_replicas=num_replicas, rank=rank).batches

@@ -1,31 +1,6 @@
-"""What the template's own strategies need of a LightningModule: one small contract, checked when a
-strategy sets the module up, so a module that lacks it fails with one ``error:`` line instead of an
-AttributeError deep inside a run.
-
-Lightning's strategies (single device, ddp, xla, deepspeed) work with any LightningModule. The ones
-this template adds reach into the module, through these attributes only:
-
-====================  =============================================================================
-``net``               the network, an ``nn.Module``: ``dp`` wraps it in ``nn.DataParallel``, ``fsdp``
-                      shards it block by block, ``pipeline`` splits it into stages of blocks
-``network_blocks``    optional, ``() -> [(name, module), ...]``: the blocks ``fsdp`` and ``pipeline``
-                      split ``net`` at (:mod:`project.toolkit.strategies.blocks`); without it, the
-                      network's own ``network_blocks()``, or an ``nn.Sequential``'s children
-``criterion``         the loss, an ``nn.Module`` called as ``criterion(logits, labels)``, a mean:
-                      ``dp_balanced`` computes it inside each replica, ``pipeline`` on its last stage
-                      per micro-batch
-``prepare_images``    ``images -> images``, what ``forward`` does before calling ``net`` (the memory
-                      format): ``dp_balanced`` and ``pipeline`` call it before their own calls of ``net``
-``training_loss``     ``(images, labels) -> (mean loss, predicted classes)``, used by the module's
-                      ``training_step``: ``dp_balanced`` and ``pipeline`` replace it (``pipeline`` also
-                      ``forward``, which must be ``net(prepare_images(images))``, for evaluation)
-====================  =============================================================================
-
-No strategy writes on the module: ``dp``, ``dp_balanced`` and ``pipeline`` run its steps through a view
-of it that holds their replacements (:mod:`project.toolkit.strategies.view`).
-
-:class:`project.model.ImageClassifier` has all of them.
-"""
+"""What the template's own strategies need of a LightningModule: the attributes of :class:`ParallelizableModule`
+(:data:`REQUIRED` says which strategy needs which), checked in one ``error:`` line when a strategy sets the module
+up. No strategy writes on the module (:mod:`.view`); :class:`project.model.ImageClassifier` has them all."""
 
 from __future__ import annotations
 
@@ -36,7 +11,6 @@ from torch import nn
 
 from project.toolkit.errors import ProjectError
 
-# What each strategy reaches for.
 REQUIRED: dict[str, tuple[str, ...]] = {
     "dp": ("net",),
     "dp_balanced": ("net", "criterion", "prepare_images", "training_loss"),
@@ -47,25 +21,20 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 
 @runtime_checkable
 class ParallelizableModule(Protocol):
-    """A LightningModule that ``dp``, ``dp_balanced``, ``fsdp`` and ``pipeline`` can run (see the module's table)."""
+    """A LightningModule that ``dp``, ``dp_balanced``, ``fsdp`` and ``pipeline`` can run. Optional too:
+    ``network_blocks() -> [(name, module), ...]``, the blocks ``fsdp`` and ``pipeline`` split ``net`` at."""
 
-    net: nn.Module
-    criterion: nn.Module
+    net: nn.Module  # the network: dp wraps it, fsdp shards it, pipeline splits it into stages of blocks
+    criterion: nn.Module  # mean loss(logits, labels): dp_balanced runs it in each replica, pipeline on its last stage
 
-    def prepare_images(self, images: torch.Tensor) -> torch.Tensor: ...
+    def prepare_images(self, images: torch.Tensor) -> torch.Tensor: ...  # what forward does before net
 
+    # (mean loss, predicted classes); dp_balanced, pipeline replace it (pipeline also forward: net(prepare_images))
     def training_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def check_module(module: object, strategy_name: str) -> None:
-    """Refuse, in one line, a module that lacks what ``strategy_name`` needs of it.
-
-    >>> class Bare(nn.Module): ...
-    >>> check_module(Bare(), "fsdp")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    project.toolkit.errors.ProjectError: --trainer.strategy=fsdp needs a LightningModule with its network in `net` ...
-    """
+    """Refuse, in one line, a module that lacks what ``strategy_name`` needs of it."""
     needed = REQUIRED[strategy_name]
     missing = [name for name in needed if not hasattr(module, name)]
     if not missing and isinstance(module.net, nn.Module):

@@ -1,21 +1,6 @@
-"""``dp`` and ``dp_balanced``: DataParallel for Lightning 2, which no longer ships it.
-
-One process drives every GPU of the machine, in the classic flow of ``nn.DataParallel``: the
-LightningModule's step runs once, on the root device (the first GPU), and only the network,
-``self.net``, is wrapped -- in a view of the module (:mod:`project.toolkit.strategies.view`) that the
-strategy runs the steps through, so the module itself keeps its own network. Calling the wrapped
-network scatters the batch across the GPUs, replicates the network onto each, runs the forward
-passes in parallel threads and gathers the outputs on the root device, where the loss is computed;
-backward reduces the gradients onto the root copy and one optimizer step updates it.
-Metrics and ``self.log`` run once, in the main thread, as on a single device.
-
-``dp_balanced`` wraps the network together with the loss (:class:`NetWithLoss`): each
-replica computes the loss of its share, and only those losses (and predicted classes) are gathered,
-so the root device no longer holds every replica's outputs.
-
-Wrapping the whole LightningModule instead (what Lightning 1.x did) would run ``self.log`` and the
-metric updates in several replica threads at once, where they race.
-"""
+"""``dp`` and ``dp_balanced`` (the loss inside each replica): DataParallel for Lightning 2, which no longer ships it.
+One process drives every GPU; only the network is wrapped, in a view of the module, so ``self.log`` and the
+metrics run once in the main thread (wrapping the whole module would race them in the replica threads)."""
 
 from __future__ import annotations
 
@@ -39,15 +24,10 @@ log = get_logger(__name__)
 
 
 class DataParallelStrategy(StepsThroughView, SingleDeviceStrategy):
-    """Lightning strategy that runs ``module.net`` under ``nn.DataParallel`` across the run's GPUs.
-
-    Registered as ``dp`` and, with ``loss_in_replicas=True``, as ``dp_balanced``. It needs a
-    LightningModule with the contract of :mod:`project.toolkit.strategies.contract` (the network in ``net``,
-    and for ``loss_in_replicas`` the loss in ``criterion`` ...), as :class:`project.model.ImageClassifier` has.
+    """``module.net`` under ``nn.DataParallel`` across the run's GPUs, registered as ``dp`` and ``dp_balanced``.
 
     Args:
-        loss_in_replicas: Compute the loss inside each replica (``dp_balanced``) instead of on the root
-            device after gathering the outputs (``dp``).
+        loss_in_replicas: Compute the loss inside each replica (``dp_balanced``), not on the root device (``dp``).
     """
 
     strategy_name = "dp"
@@ -56,8 +36,7 @@ class DataParallelStrategy(StepsThroughView, SingleDeviceStrategy):
         super().__init__()
         self.loss_in_replicas = loss_in_replicas
         self.strategy_name = "dp_balanced" if loss_in_replicas else "dp"  # the run's name for it, in logs
-        # Filled in by the Trainer from --trainer.accelerator/--trainer.devices, as for DDP.
-        self.parallel_devices: list[torch.device] = []
+        self.parallel_devices: list[torch.device] = []  # filled in by the Trainer, as for DDP
 
     @property
     def root_device(self) -> torch.device:
@@ -70,19 +49,13 @@ class DataParallelStrategy(StepsThroughView, SingleDeviceStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         super().setup(trainer)  # the module on the root device, the optimizers built
         if self.num_gpus < 2:
-            log.warning(
-                "%s: %d GPU(s) in this run; DataParallel needs 2 or more to split a batch, so this runs as a "
-                "single-device run on %s",
-                self.strategy_name,
-                self.num_gpus,
-                self.root_device,
-            )
+            why = "DataParallel needs 2 or more to split a batch, so this runs as a single-device run on"
+            log.warning("%s: %d GPU(s) in this run; %s %s", self.strategy_name, self.num_gpus, why, self.root_device)
         module = self.lightning_module
         check_module(module, self.strategy_name)
         check_not_compiled(module.net, self.strategy_name)
-        # The steps run through a view of the module whose `net` is the wrapped network (and whose
-        # training_loss, for dp_balanced, takes the replicas' losses); the module keeps its own network, so
-        # its checkpoints have the keys of every other strategy (net.features..., not net.module.features...).
+        # The steps run through a view whose `net` is wrapped; the module keeps its own network, so its
+        # checkpoints have the keys of every other strategy (net.features..., not net.module.features...).
         if self.loss_in_replicas:
             wrapped = data_parallel(NetWithLoss(module.net, module.criterion), self.parallel_devices)
             loss = functools.partial(_loss_in_replicas, wrapped, module.prepare_images)
@@ -96,31 +69,15 @@ class DataParallelStrategy(StepsThroughView, SingleDeviceStrategy):
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
-        strategy_registry.register(
-            "dp", cls, description="DataParallel: one process, loss on the root GPU", override=True
-        )
-        strategy_registry.register(
-            "dp_balanced",
-            cls,
-            description="DataParallel with the loss computed inside each replica",
-            override=True,
-            loss_in_replicas=True,
-        )
+        plain = "DataParallel: one process, loss on the root GPU"
+        strategy_registry.register("dp", cls, description=plain, override=True)
+        balanced = "DataParallel with the loss computed inside each replica"
+        strategy_registry.register("dp_balanced", cls, description=balanced, override=True, loss_in_replicas=True)
 
 
 class NetWithLoss(nn.Module):
-    """The network and the loss as one module. Called with labels, it returns the summed loss of its
-    images (shape ``(1,)``) and their predicted classes instead of the logits.
-
-    Wrapped in DataParallel (``dp_balanced``), every replica so computes the loss of its own share of
-    the batch, and only one number and one class index per image are gathered on the root device,
-    rather than every logit. Sums, not means, so replicas of unequal size add up exactly.
-
-    >>> net_with_loss = NetWithLoss(nn.Linear(4, 3), nn.CrossEntropyLoss())
-    >>> loss_sum, predictions = net_with_loss(torch.zeros(2, 4), torch.tensor([0, 1]))
-    >>> loss_sum.shape, predictions.shape, net_with_loss(torch.zeros(2, 4)).shape
-    (torch.Size([1]), torch.Size([2]), torch.Size([2, 3]))
-    """
+    """The network and the loss as one module: called with labels, it returns the summed loss (shape ``(1,)``) and
+    the predicted classes, so DataParallel gathers one number and one class per image. Sums add up exactly."""
 
     def __init__(self, net: nn.Module, criterion: nn.Module) -> None:
         super().__init__()
@@ -137,10 +94,7 @@ class NetWithLoss(nn.Module):
 
 
 def _loss_in_replicas(
-    wrapped: nn.Module,
-    prepare_images: Callable[[torch.Tensor], torch.Tensor],
-    images: torch.Tensor,
-    labels: torch.Tensor,
+    wrapped: nn.Module, prepare_images: Callable, images: torch.Tensor, labels: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``dp_balanced``'s ``training_loss``: each replica of ``wrapped`` returned the loss sum of its share."""
     loss_sums, predictions = wrapped(prepare_images(images), labels)
@@ -148,16 +102,8 @@ def _loss_in_replicas(
 
 
 def data_parallel(module: nn.Module, devices: list[torch.device]) -> nn.DataParallel:
-    """``nn.DataParallel`` over the GPUs in ``devices``, the first one the root.
-
-    Off CUDA it is a plain pass-through, which is what DataParallel itself does on a machine without
-    GPUs; given an empty device list on a machine WITH GPUs, DataParallel would instead fail, so that
-    case is built here the same way its constructor builds the GPU-less one.
-
-    >>> wrapped = data_parallel(nn.Linear(2, 2), [torch.device("cpu")])
-    >>> isinstance(wrapped, nn.DataParallel), wrapped.device_ids
-    (True, [])
-    """
+    """``nn.DataParallel`` over the GPUs in ``devices``, the first the root. Off CUDA a pass-through built as
+    DataParallel builds it without GPUs (given no devices on a machine with GPUs, it would fail)."""
     gpus = [device for device in devices if device.type == "cuda"]
     if gpus:
         return nn.DataParallel(module, device_ids=gpus, output_device=gpus[0])
@@ -168,8 +114,7 @@ def data_parallel(module: nn.Module, devices: list[torch.device]) -> nn.DataPara
 
 
 def check_not_compiled(net: nn.Module, strategy_name: str) -> None:
-    """Refuse a network compiled in place (``--model.compile=true``): DataParallel copies it onto every
-    GPU at each step, and the copies would call the original's compiled code."""
+    """Refuse a network compiled in place: DataParallel's per-step copies would call the original's compiled code."""
     if getattr(net, "_compiled_call_impl", None) is not None:  # set by nn.Module.compile()
         raise ProjectError(
             f"--model.compile=true does not work with --trainer.strategy={strategy_name}: DataParallel copies "
@@ -178,14 +123,7 @@ def check_not_compiled(net: nn.Module, strategy_name: str) -> None:
 
 
 def check_batch_splits_evenly(batch_size: int, num_gpus: int) -> None:
-    """DataParallel splits each batch across the GPUs; refuse a batch that does not split evenly, so
-    every replica does the same work (and BatchNorm sees the same number of images on each).
-
-    >>> check_batch_splits_evenly(256, 4)
-    >>> check_batch_splits_evenly(30, 4)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    project.toolkit.errors.ProjectError: data.batch_size=30 does not split evenly across the 4 GPUs ... multiple of 4
-    """
+    """Refuse a batch that does not split evenly across the GPUs: every replica does the same work."""
     if num_gpus > 1 and batch_size % num_gpus:
         raise ProjectError(
             f"data.batch_size={batch_size} does not split evenly across the {num_gpus} GPUs of dp; "

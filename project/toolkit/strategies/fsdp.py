@@ -1,13 +1,6 @@
-"""``fsdp``: fully sharded data parallel that runs on CPUs (gloo) as well as on GPUs (NCCL).
-
-Lightning's own ``FSDPStrategy`` wraps torch's first FSDP, which refuses CPUs, and Lightning refuses
-the name ``fsdp`` without a GPU. This strategy uses FSDP2 (``torch.distributed.fsdp.fully_shard``)
-through Lightning's ``ModelParallelStrategy`` instead, with every process in one data-parallel group
-and no tensor parallelism: plain FSDP. The strategy shards the module's network (``net``, see
-:mod:`project.toolkit.strategies.contract`) when it sets the module up, one unit per block the network
-declares (:mod:`project.toolkit.strategies.blocks`) and then the root; parameters, gradients and optimizer
-state are split across the processes, and each block's full parameters are gathered only while it computes.
-"""
+"""``fsdp``: FSDP2 (``fully_shard``) on CPUs (gloo) as well as GPUs, through Lightning's ``ModelParallelStrategy``
+with every process in one data-parallel group (Lightning's own ``fsdp`` is FSDP1, GPU only). The module's ``net`` is
+sharded one unit per declared block (:mod:`project.toolkit.strategies.blocks`), then the root."""
 
 from __future__ import annotations
 
@@ -31,13 +24,8 @@ log = get_logger(__name__)
 
 
 def shard_network(net: nn.Module, blocks: list[Block], mesh: DeviceMesh) -> list[dict[str, Any]]:
-    """Shard ``net`` in place with FSDP2: one unit per block that holds parameters (so only one block's full
-    parameters exist at a time on a rank while it computes), then the rest of the network as the root unit.
-    Returns the units, each with its name, the network's modules it holds and its parameter count (before
-    sharding), the root last. A block of several of the network's modules (ResNet's stem) is one unit over
-    all of them."""
-    # FSDP2 shards contiguous parameters only. The images stay channels_last (the module's
-    # prepare_images), and a convolution follows its input's memory layout.
+    """Shard ``net`` in place, one FSDP2 unit per block holding parameters, then the root; returns the units."""
+    # FSDP2 shards contiguous parameters only; the images stay channels_last, and a convolution follows its input.
     net.to(memory_format=torch.contiguous_format)
     total = sum(p.numel() for p in net.parameters())
     units = []
@@ -56,16 +44,9 @@ def shard_network(net: nn.Module, blocks: list[Block], mesh: DeviceMesh) -> list
 
 
 def describe_units(units: list[dict[str, Any]], processes: int) -> str:
-    """The fsdp plan in a few console lines: every unit's name and parameter count.
-
-    >>> print(describe_units([{"name": "0", "parameters": 1200}, {"name": "root", "parameters": 0}], 2))
-    fsdp plan: 1 unit(s) + root, sharded over 2 process(es):
-      0 1.2k, root 0
-    """
-    lines = [f"fsdp plan: {len(units) - 1} unit(s) + root, sharded over {processes} process(es):"]
-    items = [f"{u['name']} {short_count(u['parameters'])}" for u in units]
-    line = ""
-    for item in items:  # wrapped between units, never inside one
+    """The fsdp plan in a few console lines: every unit's name and parameter count."""
+    lines, line = [f"fsdp plan: {len(units) - 1} unit(s) + root, sharded over {processes} process(es):"], ""
+    for item in (f"{u['name']} {short_count(u['parameters'])}" for u in units):  # wrapped between units only
         if line and len(line) + len(item) > 106:
             lines.append(f"  {line},")
             line = ""
@@ -74,15 +55,8 @@ def describe_units(units: list[dict[str, Any]], processes: int) -> str:
 
 
 def evaluate_under_no_grad(trainer: pl.Trainer) -> None:
-    """Make ``trainer``'s validate, test and predict loops run under ``torch.no_grad`` instead of
-    ``torch.inference_mode`` (Lightning's validation inside fit already does).
-
-    FSDP2 keeps the buffers it gathers a unit's parameters into, and writes into them in place. Made under
-    inference mode, they are inference tensors: on one GPU, ``test`` failed at its first forward ("Inference
-    tensors do not track version counter", torch 2.11, an H100), and newer torch refuses the next in-place
-    write outside inference mode. Lightning evaluates its own ``FSDPStrategy`` under
-    ``no_grad`` for this reason (pytorch#95957), and every gloo run too, so a CPU run never meets it.
-    """
+    """Evaluate under ``no_grad``, not ``inference_mode``, which would make the buffers FSDP2 gathers into and writes
+    in place inference tensors; as Lightning's FSDPStrategy (https://github.com/pytorch/pytorch/issues/95957)."""
     for loop in (trainer.validate_loop, trainer.test_loop, trainer.predict_loop):
         loop.inference_mode = False
 
@@ -91,18 +65,14 @@ class FullyShardedStrategy(ModelParallelStrategy):
     """FSDP2 across all processes of the run, registered as ``fsdp``.
 
     Args:
-        save_distributed_checkpoint: Save each process's shard to a folder per checkpoint (fast for
-            very large models). By default every checkpoint is one consolidated file, assembled on
-            rank 0, which a single device (``python -m project test --ckpt_path=...``) can read, and
-            from which ``fsdp`` resumes as well.
+        save_distributed_checkpoint: Save a folder of per-process shards per checkpoint, not one consolidated file.
     """
 
     strategy_name = "fsdp"
 
     def __init__(self, save_distributed_checkpoint: bool = False) -> None:
         super().__init__(tensor_parallel_size=1, save_distributed_checkpoint=save_distributed_checkpoint)
-        # The FSDP units (name, the network's modules, parameter count), for timing.json's parallel_plan.
-        self.parallel_plan: dict[str, Any] | None = None
+        self.parallel_plan: dict[str, Any] | None = None  # the FSDP units, for timing.json
 
     def setup_environment(self) -> None:
         # ModelParallelStrategy's "auto" would shard across nodes only; FSDP shards across every process.
@@ -111,8 +81,7 @@ class FullyShardedStrategy(ModelParallelStrategy):
 
     def setup(self, trainer: pl.Trainer) -> None:
         evaluate_under_no_grad(trainer)
-        # After the module's configure_model (which may compile the network in place) and before the
-        # optimizers are built, so that they hold the sharded parameters.
+        # After configure_model (which may compile the network) and before the optimizers hold the parameters.
         module = self.lightning_module
         check_module(module, "fsdp")
         if not isinstance(module.net, FSDPModule):  # setup runs again for validate/test/predict after fit
@@ -123,9 +92,7 @@ class FullyShardedStrategy(ModelParallelStrategy):
         super().setup(trainer)
 
     def process_dataloader(self, dataloader: object) -> object:
-        """Refuse, rather than hang on, data that gives the processes different numbers of batches: every
-        forward pass is collective under FSDP, so a process that ran out of batches would leave the others
-        waiting forever. (The data module's val/test loaders always split evenly; see EvenBatchSampler.)"""
+        """Refuse, rather than hang on, data giving processes unequal numbers of batches (forwards are collective)."""
         if has_len(dataloader):
             counts: list[int | None] = [None] * self.world_size
             torch.distributed.all_gather_object(counts, len(dataloader))
@@ -139,6 +106,5 @@ class FullyShardedStrategy(ModelParallelStrategy):
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
-        strategy_registry.register(
-            "fsdp", cls, description="FSDP2 (fully_shard) on CPUs or GPUs, one shard per process", override=True
-        )
+        description = "FSDP2 (fully_shard) on CPUs or GPUs, one shard per process"
+        strategy_registry.register("fsdp", cls, description=description, override=True)

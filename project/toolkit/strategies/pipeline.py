@@ -1,32 +1,6 @@
-"""``pipeline``: the network split into one stage per process, micro-batches pipelined through the stages
-with ``torch.distributed.pipelining`` (GPipe or 1F1B); ``micro_batches=1`` is plain model parallelism,
-stage after stage.
-
-The processes are started as for ddp (the same launcher, so torchrun, SLURM and several nodes work alike);
-each process keeps only its stage's blocks (:mod:`project.toolkit.strategies.stages`) and trains them with its own
-optimizer, on the same schedule as the others. What happens where, for one training step:
-
-- data: every process reads the SAME global batch (the data module sees one data-parallel replica,
-  :attr:`PipelineStrategy.distributed_sampler_kwargs`): the first stage uses its images, the last stage its
-  labels, the stages between ignore both. Reading a batch of CIFAR-sized images costs little next to a
-  stage's compute, and no extra messages are needed;
-- forward and backward: the schedule splits the batch into ``micro_batches`` equal micro-batches, sends the
-  activations forward and their gradients back; the loss is computed on the last stage per micro-batch (the
-  module's ``criterion``, a mean), and the gradients are divided by the number of micro-batches, so they are
-  the gradients of the batch's mean loss;
-- logging: the last stage broadcasts the batch's mean loss and the predicted classes to every process, so
-  the module's metrics are updated alike on every rank and ``self.log`` (rank 0's loggers) is right, once;
-- evaluation (validate, test, predict): the whole batch goes through the stages one after the other
-  (activations sent with point-to-point messages), and the last stage broadcasts the logits;
-- BatchNorm normalises each micro-batch with that micro-batch's own statistics and updates its running
-  statistics once per micro-batch: with ``micro_batches > 1`` training is not the same computation as on
-  one device (smaller BatchNorm batches), only with ``micro_batches=1``;
-- dropout draws its masks on the last stage's process, from a random stream that the schedule's shape
-  inference (the first step of each process) also draws from: the same distribution, other masks;
-- checkpoints: every stage's ``state_dict`` is gathered on rank 0 under the full network's key names, one
-  file a single device loads; the optimizer states are kept per stage, so the pipeline resumes exactly
-  (with the same number of stages).
-"""
+"""``pipeline``: one stage of the network per process, micro-batches pipelined with ``torch.distributed.pipelining``
+(GPipe or 1F1B). Every process reads the same global batch; the last stage broadcasts the loss and predicted classes,
+so metrics are right on every rank. A checkpoint is the whole network (one file) and every stage's optimizer state."""
 
 from __future__ import annotations
 
@@ -77,17 +51,9 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
     """One stage of the network per process, micro-batches pipelined through them; registered as ``pipeline``.
 
     Args:
-        micro_batches: Micro-batches each global batch is split into (the batch must divide by it). 1 is
-            plain model parallelism: the stages run one after the other on the whole batch, and all but one
-            device idle at any time; more fill the pipeline, at the price of smaller batches per kernel
-            (and for BatchNorm, statistics per micro-batch).
-        schedule: ``gpipe`` (all forwards, then all backwards; activations of every micro-batch kept) or
-            ``1f1b`` (one forward, one backward in the steady state; at most as many micro-batches in flight
-            as stages, so less activation memory).
-        split: Where the stages start, comma-separated: the block each stage after the first starts at, e.g.
-            ``layer3`` for ResNet50's stem, layer1, layer2 | layer3, layer4, fc on 2 devices. By default
-            (null) the split is balanced by each block's counted FLOPs at the run's image size. The blocks
-            are those the network declares (:mod:`project.toolkit.strategies.blocks`).
+        micro_batches: Micro-batches each global batch is split into (it must divide); 1: plain model parallelism.
+        schedule: ``gpipe`` (all forwards, then all backwards) or ``1f1b`` (less activation memory).
+        split: The block each stage after the first starts at, comma-separated (e.g. ``layer3``); null: by FLOPs.
         process_group_backend: As for ddp: nccl on GPUs, gloo on CPUs by default.
     """
 
@@ -114,16 +80,12 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
         self._schedule: Any = None
         self._full_keys: list[str] = []
         self._own_blocks: list[Block] = []
-        # The stages (blocks, the network's modules, parameter count, share of the cost), for timing.json.
-        self.parallel_plan: dict[str, Any] | None = None
+        self.parallel_plan: dict[str, Any] | None = None  # the stages, for timing.json
         self._gradients: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = []
         self._meter: BubbleMeter | None = None
 
-    # -- processes, data, timing -------------------------------------------------------------
-
     def set_world_ranks(self) -> None:
-        # The Trainer calls this as soon as it knows the devices: one device is refused here, before any
-        # process is started or any process group exists.
+        # Called as soon as the devices are known: one device is refused before any process starts.
         processes = self.num_nodes * self.num_processes
         if processes < 2:
             raise ProjectError(
@@ -139,12 +101,8 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
 
     @property
     def sample_copies(self) -> int:
-        """How many processes see each sample (the timing callback counts a sample once)."""
+        """How many processes see each sample (the timing callback counts it once)."""
         return self.world_size
-
-    @property
-    def is_first(self) -> bool:
-        return self.global_rank == 0
 
     @property
     def is_last(self) -> bool:
@@ -152,14 +110,12 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
 
     @property
     def bubble_meter(self) -> BubbleMeter | None:
-        """The meter of this rank's schedule (the step anatomy observes it), once fit set it up."""
+        """The meter of this rank's schedule, once fit set it up."""
         return self._meter
 
     def bubble_fraction(self, scope: str = "epoch") -> float | None:
         """This rank's measured bubble over the epoch (or ``fit``); see :class:`BubbleMeter`."""
         return self._meter.fraction(scope) if self._meter is not None else None
-
-    # -- set-up --------------------------------------------------------------------------------
 
     def setup(self, trainer: pl.Trainer) -> None:
         self.accelerator.setup(trainer)
@@ -168,8 +124,7 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
         fitting = trainer.state.fn == TrainerFn.FITTING
         if fitting:
             _check_training_settings(trainer, module, self.precision_plugin)
-            batch = data_settings(trainer).get("batch_size")
-            if batch and batch % self.micro_batches:
+            if (batch := data_settings(trainer).get("batch_size")) and batch % self.micro_batches:
                 raise ProjectError(
                     f"data.batch_size={batch} does not split into trainer.strategy.micro_batches={self.micro_batches} "
                     f"equal micro-batches; use a multiple of {self.micro_batches}"
@@ -186,15 +141,13 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
             self._schedule = SCHEDULES[self.schedule_name](stage, n_microbatches=self.micro_batches, loss_fn=loss)
             self.setup_optimizers(trainer)  # the parameters of this rank's stage only
         self.setup_precision_plugin()
-        # The module's steps run through a view in which the pipeline does the loss and the forward; the
-        # module object itself is left as it is.
+        # The steps run through a view in which the pipeline does the loss and the forward.
         self.module_view = module_view(module, training_loss=self._training_loss, forward=self._forward)
 
     def _split(self, module: pl.LightningModule, trainer: pl.Trainer) -> None:
         """Plan the stages, keep this rank's blocks in the network and release the others."""
-        net = module.net
         blocks = module_blocks(module, "pipeline")
-        check_covers(net, blocks, "pipeline")
+        check_covers(module.net, blocks, "pipeline")
         image_size = data_settings(trainer).get("image_size")
         costs = block_costs(blocks, image_size, image_channels(trainer))
         plan = plan_split(blocks, costs, self.world_size, self.split)
@@ -213,7 +166,7 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
         ]
         balance = "named" if self.split else ("flops" if image_size else "parameters")
         self.parallel_plan = {"stages": stages, "split_by": balance}
-        release_other_stages(net, blocks, self._own_blocks)
+        release_other_stages(module.net, blocks, self._own_blocks)
         log.info(self.describe_plan())
 
     def describe_plan(self) -> str:
@@ -233,11 +186,8 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
             )
         return "\n".join(lines)
 
-    # -- training and evaluation --------------------------------------------------------------
-
     def _training_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The module's ``training_loss`` under the pipeline: one schedule step (forward AND backward of
-        every micro-batch), then the batch's mean loss and predicted classes from the last stage."""
+        """One schedule step (forward and backward of every micro-batch); the last stage's mean loss and classes."""
         if len(labels) % self.micro_batches:
             raise ProjectError(
                 f"a batch of {len(labels)} images does not split into trainer.strategy.micro_batches="
@@ -248,15 +198,9 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
         for p in parameters:  # the stage accumulates into .grad: start from none
             p.grad = None
         losses: list[torch.Tensor] = []
-
-        def run() -> Any:
-            if self.is_first:
-                return self._schedule.step(images)
-            if self.is_last:
-                return self._schedule.step(target=labels, losses=losses)
-            return self._schedule.step()
-
-        logits = self._meter.step(run)
+        args = (images,) if self.global_rank == 0 else ()  # the first stage takes the images, the last the labels
+        kwargs = {"target": labels, "losses": losses} if self.is_last else {}
+        logits = self._meter.step(lambda: self._schedule.step(*args, **kwargs))
         # Lightning zeroes the gradients between the training step and its backward: kept aside until then.
         self._gradients = [(p, p.grad) for p in parameters]
         payload = torch.empty(1 + len(labels), device=self.root_device)
@@ -277,20 +221,16 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
         return closure_loss
 
     def _forward(self, images: torch.Tensor) -> torch.Tensor:
-        """The module's ``forward`` under the pipeline (evaluation): the whole batch through the stages in
-        turn, the logits broadcast from the last stage to every rank."""
+        """Evaluation: the whole batch through the stages in turn, the logits broadcast from the last stage."""
         rank = self.global_rank
-        x = images if self.is_first else _recv(rank - 1, self.root_device)
+        x = images if rank == 0 else _recv(rank - 1, self.root_device)
         y = self._stage_module(x)
         if not self.is_last:
             _send(y, rank + 1, self.root_device)
         return _broadcast(y if self.is_last else None, self.world_size - 1, self.root_device)
 
-    # -- checkpoints ---------------------------------------------------------------------------
-
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        """The whole network's state on rank 0, gathered from the stages, in the network's key order (a
-        collective: every rank calls it when a checkpoint is saved)."""
+        """The whole network's state on rank 0, gathered from the stages in the network's key order (collective)."""
         local = move_data_to_device(self.lightning_module.state_dict(), "cpu")
         if not self._full_keys:
             return local
@@ -303,9 +243,8 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
 
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
         """Load this rank's slice of a whole network's state (the full network, before the split)."""
-        module = self.lightning_module
-        own = module.state_dict().keys()
-        module.load_state_dict({k: v for k, v in checkpoint["state_dict"].items() if k in own}, strict=strict)
+        own = self.lightning_module.state_dict().keys()
+        self.lightning_module.load_state_dict({k: v for k, v in checkpoint["state_dict"].items() if k in own}, strict)
 
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """Every stage's optimizer state, as ``{"pipeline_stages": [stage 0's, stage 1's, ...]}`` on rank 0."""
@@ -331,9 +270,8 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
-        strategy_registry.register(
-            "pipeline", cls, description="the network split into stages, micro-batches pipelined", override=True
-        )
+        description = "the network split into stages, micro-batches pipelined"
+        strategy_registry.register("pipeline", cls, description=description, override=True)
 
 
 def _check_training_settings(trainer: pl.Trainer, module: pl.LightningModule, precision: Any) -> None:
@@ -372,8 +310,7 @@ def _send(t: torch.Tensor, dst: int, device: torch.device) -> None:
 def _recv(src: int, device: torch.device) -> torch.Tensor:
     header = torch.empty(8, dtype=torch.int64, device=device)
     dist.recv(header, src)
-    t = _from_header(header, device)
-    dist.recv(t, src)
+    dist.recv(t := _from_header(header, device), src)
     return t
 
 

@@ -1,13 +1,5 @@
-"""Splitting a network into pipeline stages: each block's cost (:func:`block_costs`), a split balanced by
-cost or named by the user (:func:`plan_split`), and one rank's share of the network (:func:`build_stage`,
-:func:`release_other_stages`).
-
-The blocks are the network's own declaration (:mod:`project.toolkit.strategies.blocks`): ResNets split into
-``stem`` (conv1, bn1, relu, maxpool), ``layer1.0`` ... ``layer4.2`` and ``fc`` (pooling, flatten, the fully
-connected layer); MobileNetV2 into ``features.0`` ... ``features.18`` and ``classifier``; an ``nn.Sequential``
-at its children. A stage is a run of consecutive blocks; the blocks hold the network's own modules, so a stage
-trains the network's parameters and a checkpoint keeps the network's key names.
-"""
+"""Splitting a network into pipeline stages of consecutive blocks: each block's cost, a split balanced by cost or
+named by the user, and one rank's share of the network (its own modules: a checkpoint keeps its key names)."""
 
 from __future__ import annotations
 
@@ -22,12 +14,11 @@ from project.toolkit.measure.flops import meta_copy
 from project.toolkit.plan.balance import balanced_starts
 from project.toolkit.strategies.blocks import Block
 
+Prepare = Callable[[torch.Tensor], torch.Tensor]  # what puts a stage's input in the network's form
+
 
 def block_costs(blocks: list[Block], image_size: int | None, in_channels: int = 3) -> list[float]:
-    """Each block's forward FLOPs for one image of ``image_size`` px and ``in_channels`` channels (counted on
-    copies of the blocks on the ``meta`` device: no memory, no data); without an image size, each block's
-    parameter count. A block's backward costs about twice its forward for every block alike, so the forward
-    decides the balance."""
+    """Each block's forward FLOPs for one image, counted on ``meta`` copies; without an image size, its parameters."""
     if not image_size:
         return [float(b.parameter_count) or 1.0 for b in blocks]
     meta_blocks = meta_copy(nn.ModuleList(b.module for b in blocks))
@@ -42,15 +33,8 @@ def block_costs(blocks: list[Block], image_size: int | None, in_channels: int = 
 
 
 def named_starts(blocks: list[Block], split: str, num_stages: int) -> list[int]:
-    """The stage starts the user named: ``split`` lists, comma-separated, the block each stage after the
-    first starts at; a layer name (``layer3``) means its first block (``layer3.0``).
-
-    >>> blocks = [Block(n, nn.Identity(), (n,)) for n in ("stem", "layer1.0", "layer2.0", "layer3.0", "fc")]
-    >>> named_starts(blocks, "layer3", 2)
-    [3]
-    """
+    """The block index each stage after the first starts at, as ``split`` names them (``layer3``: ``layer3.0``)."""
     names = [name.strip() for name in split.split(",") if name.strip()]
-    allowed = [b.name for b in blocks]
     if len(names) != num_stages - 1:
         raise ProjectError(
             f"trainer.strategy.split={split!r} names {len(names)} block(s), but {num_stages} stages (devices) need "
@@ -62,7 +46,7 @@ def named_starts(blocks: list[Block], split: str, num_stages: int) -> list[int]:
         if index is None or index == 0:
             raise ProjectError(
                 f"trainer.strategy.split={split!r}: {name!r} is not a block a later stage can start at; "
-                f"choose from: {', '.join(allowed[1:])} (or a name's part before its dot)"
+                f"choose from: {', '.join(b.name for b in blocks[1:])} (or a name's part before its dot)"
             )
         starts.append(index)
     if starts != sorted(set(starts)):
@@ -80,12 +64,10 @@ def plan_split(blocks: list[Block], costs: list[float], num_stages: int, split: 
 
 
 class StageModule(nn.Module):
-    """One stage: its blocks run in order. The input is first put in the form the network takes
-    (``prepare``: the module's ``prepare_images``, channels_last by default). What crosses between stages
-    -- the output, and the gradient sent back for the input -- is made contiguous: the receiving side
-    allocates its buffer in that layout, and point-to-point messages need it."""
+    """One stage: its blocks in order, on the input put in the network's form (``prepare``). What crosses between
+    stages (output, and the input's gradient) is made contiguous, as point-to-point messages need."""
 
-    def __init__(self, blocks: nn.Sequential, prepare: Callable[[torch.Tensor], torch.Tensor], is_last: bool) -> None:
+    def __init__(self, blocks: nn.Sequential, prepare: Prepare, is_last: bool) -> None:
         super().__init__()
         self.blocks, self.prepare, self.is_last = blocks, prepare, is_last
 
@@ -96,21 +78,14 @@ class StageModule(nn.Module):
         return x if self.is_last else x.contiguous()
 
 
-def build_stage(
-    stage_blocks: list[Block], prepare: Callable[[torch.Tensor], torch.Tensor], is_last: bool
-) -> StageModule:
+def build_stage(stage_blocks: list[Block], prepare: Prepare, is_last: bool) -> StageModule:
     """This rank's stage, made of the network's own submodules (its blocks' modules)."""
     return StageModule(nn.Sequential(*(b.module for b in stage_blocks)), prepare, is_last)
 
 
 def release_other_stages(net: nn.Module, blocks: list[Block], own: list[Block]) -> None:
-    """Replace every submodule of the other stages' blocks with an ``nn.Identity`` in ``net``, so this rank
-    holds only its own stage's parameters and buffers, and ``net.state_dict()`` lists exactly those, under
-    the full network's key names."""
+    """Replace the other stages' submodules in ``net`` with ``nn.Identity``: its state_dict keeps only this stage's."""
     own_paths = {path for block in own for path in block.paths}
-    for block in blocks:
-        for path in block.paths:
-            if path in own_paths or not path:
-                continue
-            parent_path, _, name = path.rpartition(".")
-            setattr(net.get_submodule(parent_path) if parent_path else net, name, nn.Identity())
+    for path in (path for block in blocks for path in block.paths if path and path not in own_paths):
+        parent_path, _, name = path.rpartition(".")
+        setattr(net.get_submodule(parent_path) if parent_path else net, name, nn.Identity())
