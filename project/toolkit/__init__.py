@@ -1,4 +1,1 @@
-"""The machinery under the template: the command line, callbacks, strategies, measurement, bench,
-the generic data pipeline, checkpoint IO. It never imports the template layer (``project.model``,
-``project.nets``, ``project.data``): the model, network and data set reach it through the command
-line and the config (``tests/test_layers.py`` holds it to that)."""
+"""The machinery under the template; it never imports the template layer (``project.model``, ``.nets``, ``.data``)."""

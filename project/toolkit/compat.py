@@ -1,8 +1,4 @@
-"""Every private name of a library the template uses, in one place, each for something no public API does.
-
-``tests/test_compat.py`` checks each against the installed libraries, so a rename fails that test loudly
-instead of silently turning a feature off.
-"""
+"""Every private name of a library the template uses, for what no public API does (tests/test_compat.py checks them)."""
 
 from __future__ import annotations
 
@@ -20,8 +16,7 @@ def restart_training_batches(trainer: Any) -> None:
 
 
 def shut_down_threads() -> None:
-    """What Python does first at its shutdown: the threading module's exit callbacks (they stop idle
-    ThreadPoolExecutor workers, which a plain join would wait on), then the join of non-daemon threads."""
+    """Python's first shutdown step: threading's exit callbacks (stopping idle pool workers), then the thread joins."""
     threading._shutdown()
 
 

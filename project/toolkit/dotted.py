@@ -1,5 +1,4 @@
-"""Objects named by dotted path (``package.module.name``): the model and data classes the command line
-chooses, read before anything is built."""
+"""Objects named by dotted path (``package.module.name``): the model and data classes the command line chooses."""
 
 from __future__ import annotations
 
@@ -10,11 +9,7 @@ from project.toolkit.errors import ProjectError
 
 
 def import_object(dotted_path: str) -> Any:
-    """The object a dotted path ``package.module.name`` names.
-
-    >>> import_object("torch.nn.Linear").__name__
-    'Linear'
-    """
+    """The object a dotted path ``package.module.name`` names."""
     module_name, _, name = dotted_path.rpartition(".")
     try:
         return getattr(importlib.import_module(module_name), name)
@@ -23,21 +18,11 @@ def import_object(dotted_path: str) -> Any:
 
 
 def chosen_class(section: Any) -> Any:
-    """The class a config section given by class (``class_path``/``init_args``, LightningCLI's subclass
-    mode) names; None for a plain section.
-
-    >>> chosen_class({"class_path": "torch.nn.Linear", "init_args": {}}).__name__, chosen_class({"lr": 0.1})
-    ('Linear', None)
-    """
+    """The class a config section names by ``class_path`` (LightningCLI's subclass mode); None for a plain one."""
     class_path = section.get("class_path") if section is not None else None
     return import_object(class_path) if class_path else None
 
 
 def section_args(section: Any) -> Any:
-    """A config section's arguments: its ``init_args`` where the section names a class (``class_path``,
-    LightningCLI's subclass mode), else the section itself; None for None.
-
-    >>> section_args({"class_path": "x.Y", "init_args": {"lr": 0.1}}), section_args({"lr": 0.2})
-    ({'lr': 0.1}, {'lr': 0.2})
-    """
+    """A config section's arguments: its ``init_args`` where it names a class, else itself; None for None."""
     return section.get("init_args") if section is not None and section.get("class_path") else section

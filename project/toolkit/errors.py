@@ -1,10 +1,4 @@
-"""The one exception type the command line turns into a single ``error: ...`` line.
-
-Raise :class:`ProjectError` (or a subclass) for anything the *user* can fix -- a bad option, a
-missing or corrupted data file, a checkpoint that does not exist. The message must name the bad
-value and say what is allowed, because it is all the user will see: no traceback.
-Anything else is a bug and keeps its traceback.
-"""
+"""The exception for what the user can fix (name the bad value, what is allowed): one ``error:`` line, no traceback."""
 
 import argparse
 import sys
@@ -23,8 +17,7 @@ class DataError(ProjectError):
 
 @contextmanager
 def exit_on_project_error() -> Iterator[None]:
-    """Turn a :class:`ProjectError` raised inside into its one ``error:`` line and exit status 2 (the tool
-    commands; the trainer commands do the same in their own ``main``)."""
+    """Turn a :class:`ProjectError` raised inside into its ``error:`` line and exit status 2 (the tool commands)."""
     try:
         yield
     except ProjectError as err:

@@ -1,6 +1,4 @@
-"""A rank-aware logger: under ddp every process runs the same code, and a message that every rank
-prints N times is noise. ``get_logger(__name__).info(...)`` prints once, from global rank 0; pass
-``rank_zero_only=False`` for messages that matter per rank, which are then prefixed with it."""
+"""A rank-aware logger: a message once, from global rank 0, not once per rank (or per rank, prefixed with it)."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ LITLOGGER_TIP = "💡 Tip: For seamless cloud logging"
 
 
 def silence_known_noise() -> None:
-    """Filter two messages with nothing for a user to do, by exact text and origin: Lightning's advertisement of
-    its litlogger service on every run, and torch's deprecation of ``LeafSpec`` in Lightning's own code."""
+    """Filter, by exact text and origin, Lightning's litlogger ad and torch's LeafSpec deprecation in Lightning."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropMessage) for f in logger.filters):

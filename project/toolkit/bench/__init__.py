@@ -1,21 +1,7 @@
-"""``python -m project bench --config configs/bench/<preset>.yaml --out DIR``: the strategy comparison.
-
-The YAML file names a matrix -- strategies x archs x global batch sizes x device counts x
-precisions (x variants: named sets of extra options) -- and the settings every cell shares. Each
-cell runs as its own ``python -m project fit`` and then ``test --ckpt_path=last``, in fresh
-processes, with ``DIR/runs/<cell>`` as its ``default_root_dir``: both log to
-``lightning_logs/version_0`` there (one TensorBoard run per cell; ``make tensorboard
-LOGDIR=DIR/runs`` overlays them). The cells' ``timing.json`` files (see
-:mod:`project.toolkit.callbacks.timing`) are collected into ``DIR/results.csv``, ``DIR/results.md`` and
-``DIR/results.png``.
-
-A cell that finished is not run again when the same command is repeated (change a setting and it
-runs afresh); a cell that fails is recorded with the last line of its error output, the matrix
-goes on, and the next invocation tries it again.
-
-The package: :mod:`.config` (the matrix file and its cells), :mod:`.matrix` (running them),
-:mod:`.report` (``results.csv`` and ``results.md``), :mod:`.chart` (``results.png``). Importing it
-is cheap: torch and matplotlib are imported when they are needed.
+"""``python -m project bench --config configs/bench/<preset>.yaml --out DIR``: the strategy comparison. Each cell of
+the matrix (:mod:`.config`) runs as its own ``fit`` then ``test --ckpt_path=last`` in fresh processes, into
+``DIR/runs/<cell>`` (:mod:`.matrix`); their ``timing.json`` files become ``DIR/results.{csv,md,png}`` (:mod:`.report`,
+:mod:`.chart`). A finished cell is not run again by the same command; a failed one is recorded and retried next time.
 """
 
 from __future__ import annotations
@@ -68,7 +54,6 @@ PRESETS = Path(__file__).resolve().parents[3] / "configs" / "bench"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The options of ``python -m project bench``; ``--help`` and a bad option exit (2) here."""
     presets = sorted(p.relative_to(PRESETS.parents[1]) for p in PRESETS.glob("*.yaml"))
     parser = OneLineParser(
         prog="python -m project bench",
@@ -83,7 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def bench(config_path: Path, out: Path, command: str) -> list[dict[str, Any]]:
     """Run (or resume) the matrix of ``config_path`` into ``out`` and write the three result files."""
-    from project.toolkit.measure.environment import machine_description  # imports torch: not at import time
+    from project.toolkit.measure.environment import machine_description  # imports torch
 
     config = load_config(config_path)
     if out.exists() and not out.is_dir():
@@ -104,7 +89,7 @@ def bench(config_path: Path, out: Path, command: str) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``python -m project bench``; ``argv`` replaces ``sys.argv[2:]`` (for tests)."""
+    """Entry point of ``python -m project bench``; ``argv`` replaces ``sys.argv[2:]``."""
     argv = sys.argv[2:] if argv is None else argv
     args = parse_args(argv)
     command = shlex.join(["python", "-m", "project", "bench", *argv])

@@ -1,8 +1,5 @@
-"""``results.png``: per arch, the steady epoch time of every cell (with the TFLOP/s and MFU it
-achieved under its label, its value and its speed-up over the single-device cell above the bar), its
-training and test throughput with the test batch latency, its peak memory per rank, every bar
-labelled with its value, and its step anatomy (a stacked bar per rank: data wait, compute,
-communication, optimizer, pipeline bubble, rest). matplotlib is imported only here, when the chart is drawn."""
+"""``results.png``: per arch, every cell's steady epoch time and speed-up, throughput and test latency, peak memory
+per rank and step anatomy, each bar labelled with its value. matplotlib is imported only when the chart is drawn."""
 
 from __future__ import annotations
 
@@ -23,15 +20,7 @@ def _number(value: Any) -> float | None:
 
 
 def label(row: dict[str, Any], work: bool = True) -> str:
-    """A bar's label: strategy and devices, batch and precision (and variant), and (``work``) the
-    TFLOP/s and MFU of its training, where recorded.
-
-    >>> label({"bench_strategy": "ddp", "devices": 2, "batch_size": 32, "precision": "32-true"})
-    'ddp x2\\nb32 32-true'
-    >>> label({"bench_strategy": "ddp", "devices": 2, "batch_size": 32, "precision": "bf16-mixed",
-    ...        "variant": "on_device", "train_tflops_per_second": 51.234, "mfu": 0.2571})
-    'ddp x2 on_device\\nb32 bf16-mixed\\n51.2 TFLOP/s, MFU 25.7 %'
-    """
+    """A bar's label: strategy, devices, batch, precision (and variant), and (``work``) training TFLOP/s and MFU."""
     text = f"{row['bench_strategy']} x{row['devices']}" + (f" {row['variant']}" if row.get("variant") else "")
     text += f"\nb{row['batch_size']} {row['precision']}"
     tflops, mfu = _number(row.get("train_tflops_per_second")), _number(row.get("mfu"))
@@ -40,23 +29,22 @@ def label(row: dict[str, Any], work: bool = True) -> str:
     return text
 
 
-def _value_labels(values: list[float], digits: int = 3) -> list[str]:
-    """Bar labels: each value in ``digits`` significant digits (whole numbers from 10**digits on: 2250,
-    not 2.25e+03), none for a missing one."""
-    return ["" if math.isnan(v) else f"{v:.{digits}g}" if abs(v) < 10**digits else f"{v:.0f}" for v in values]
-
-
-def _bars(axis: Any, positions: list[float], values: list[float | None], **kwargs: Any) -> Any:
-    """Bars with their values written above them; a missing value is no bar."""
+def _bars(axis: Any, positions: list[float], values: list[float | None], **kwargs: Any) -> None:
+    """Bars labelled with their values: 3 significant digits, whole numbers from 1000 on (2250, not 2.25e+03)."""
     heights = [math.nan if v is None else v for v in values]
-    bars = axis.bar(positions, heights, **kwargs)
-    axis.bar_label(bars, labels=_value_labels(heights), fontsize=7, padding=2)
-    return bars
+    texts = ["" if math.isnan(v) else f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}" for v in heights]
+    axis.bar_label(axis.bar(positions, heights, **kwargs), labels=texts, fontsize=7, padding=2)
+
+
+def _axes(axis: Any, cells: list[dict[str, Any]], title: str, ylabel: str, margin: float, work: bool = False) -> None:
+    axis.set_title(title)
+    axis.set_xticks(range(len(cells)), [label(r, work) for r in cells], fontsize=8)
+    axis.set_ylabel(ylabel)
+    axis.margins(y=margin)  # room for the labels or the legend above the bars
 
 
 def _epoch_panel(axis: Any, cells: list[dict[str, Any]], speedup: list[float | None], arch: str) -> None:
-    """Steady seconds per epoch (mean ± std), each bar labelled with its value and its speed-up over
-    the single-device cell of the same arch, batch and precision."""
+    """Steady seconds per epoch (mean ± std), each bar labelled with its value and speed-up."""
     positions = list(range(len(cells)))
     means = [_number(r.get("epoch_seconds_mean")) for r in cells]
     stds = [_number(r.get("epoch_seconds_std")) or 0.0 for r in cells]
@@ -66,27 +54,20 @@ def _epoch_panel(axis: Any, cells: list[dict[str, Any]], speedup: list[float | N
         for m, s in zip(means, speedup, strict=True)
     ]
     axis.bar_label(bars, labels=texts, fontsize=8, padding=2)
-    axis.set_title(f"{arch}: seconds per epoch (steady, mean ± std) and speed-up")
-    axis.set_xticks(positions, [label(r) for r in cells], fontsize=8)
-    axis.set_ylabel("s / epoch")
-    axis.margins(y=0.25)  # room for the two-line labels
+    _axes(axis, cells, f"{arch}: seconds per epoch (steady, mean ± std) and speed-up", "s / epoch", 0.25, work=True)
 
 
 def _throughput_panel(axis: Any, cells: list[dict[str, Any]], arch: str) -> None:
-    """Samples per second of training and of test (bars, left axis) and the test batch latency p50
-    with its p90 above (points, right axis)."""
+    """Train and test samples per second (bars, left axis), test batch latency p50 to p90 (points, right axis)."""
     positions = list(range(len(cells)))
     width = 0.38
     train = [_number(r.get("train_samples_per_second")) for r in cells]
     test = [_number(r.get("test_samples_per_second")) for r in cells]
     _bars(axis, [p - width / 2 for p in positions], train, width=width, label="train samples/s", color="tab:green")
     _bars(axis, [p + width / 2 for p in positions], test, width=width, label="test samples/s", color="tab:olive")
-    axis.set_ylabel("samples / s")
-    axis.set_xticks(positions, [label(r, work=False) for r in cells], fontsize=8)
-    axis.margins(y=0.35)  # room for the legend above the bars
+    _axes(axis, cells, f"{arch}: throughput (bars) and test latency (points)", "samples / s", 0.35)
     latency = axis.twinx()
-    p50 = [_number((r.get("test_batch_latency_ms") or {}).get("p50")) for r in cells]
-    p90 = [_number((r.get("test_batch_latency_ms") or {}).get("p90")) for r in cells]
+    p50, p90 = ([_number((r.get("test_batch_latency_ms") or {}).get(p)) for r in cells] for p in ("p50", "p90"))
     centre = [math.nan if v is None else v for v in p50]
     above = [0.0 if a is None or b is None else max(b - a, 0.0) for a, b in zip(p50, p90, strict=True)]
     latency.errorbar(
@@ -100,31 +81,20 @@ def _throughput_panel(axis: Any, cells: list[dict[str, Any]], arch: str) -> None
     latency.set_ylim(0, highest * 1.4 or 1.0)  # from 0, with room for the legend above the points
     handles = [*axis.get_legend_handles_labels()[0], *latency.get_legend_handles_labels()[0]]
     axis.legend(handles=handles, fontsize=7, loc="upper center", ncol=3)
-    axis.set_title(f"{arch}: throughput (bars) and test latency (points)")
 
 
 def _memory_panel(axis: Any, cells: list[dict[str, Any]], arch: str) -> None:
-    """Peak memory of every rank (per GPU when one process drives several), labelled in MiB."""
+    """Peak memory of every rank (per GPU when one process drives several), in MiB."""
     positions = list(range(len(cells)))
     names = max([r.get("peak_memory_devices") or [] for r in cells] + [["rank0"]], key=len)
     width = 0.8 / len(names)
     for i, name in enumerate(names):
-        values = [(r.get("peak_memory_mb") or [])[i:][:1] for r in cells]
-        _bars(
-            axis,
-            [p - 0.4 + width * (i + 0.5) for p in positions],
-            [_number(v[0]) if v else None for v in values],
-            width=width,
-            label=name,
-        )
-    axis.set_title(f"{arch}: peak memory per rank (fit)")
-    axis.set_xticks(positions, [label(r, work=False) for r in cells], fontsize=8)
-    axis.set_ylabel("MiB")
-    axis.margins(y=0.25)  # room for the legend above the bars
+        values = [_number(v[0]) if (v := (r.get("peak_memory_mb") or [])[i:][:1]) else None for r in cells]
+        _bars(axis, [p - 0.4 + width * (i + 0.5) for p in positions], values, width=width, label=name)
+    _axes(axis, cells, f"{arch}: peak memory per rank (fit)", "MiB", 0.25)
     axis.legend(fontsize=8, loc="upper left")
 
 
-# The parts of a step, bottom to top, and their colours in the anatomy panel.
 ANATOMY_PARTS = (
     ("data_wait", "data wait", "tab:gray"),
     ("compute", "compute", "tab:blue"),
@@ -152,15 +122,11 @@ def _anatomy_panel(axis: Any, cells: list[dict[str, Any]], arch: str) -> None:
         for xi, top, part in zip(x, bottom, parts, strict=True):
             if part:
                 axis.annotate(f"r{rank}\n{top:.3g} s", (xi, top), ha="center", va="bottom", fontsize=7)
-    axis.set_title(f"{arch}: where a training step's time goes, per rank (step anatomy)")
-    axis.set_xticks(positions, [label(r, work=False) for r in cells], fontsize=8)
-    axis.set_ylabel("s / step")
-    axis.margins(y=0.3)
+    _axes(axis, cells, f"{arch}: where a training step's time goes, per rank (step anatomy)", "s / step", 0.3)
     axis.legend(fontsize=7, loc="upper left", ncol=3)
 
 
 def write_chart(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Draw :func:`chart_figure` into ``path`` (a PNG)."""
     fig = chart_figure(rows, title)
     fig.savefig(path, dpi=90)
     import matplotlib.pyplot as plt
@@ -169,24 +135,18 @@ def write_chart(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def write_chart_if_possible(rows: list[dict[str, Any]], path: Path, title: str) -> str:
-    """Draw the chart where matplotlib is installed (the ``bench`` extra; ``make fit`` installs it); else
-    say in one line that it was skipped and why: the tables are the results, the chart only shows them.
-    Returns the result files written, as ``csv,md,png`` or ``csv,md``."""
+    """Draw the chart where matplotlib is installed, else say in one line why not (the tables are the results);
+    returns the result files written, ``csv,md,png`` or ``csv,md``."""
     if importlib.util.find_spec("matplotlib") is None:
-        print(
-            f"{path.name} skipped: the chart needs matplotlib, which is not installed ({INSTALL_MATPLOTLIB}); "
-            "the tables are written",
-            file=sys.stderr,
-            flush=True,
-        )
+        why = f"the chart needs matplotlib, which is not installed ({INSTALL_MATPLOTLIB}); the tables are written"
+        print(f"{path.name} skipped: {why}", file=sys.stderr, flush=True)
         return "csv,md"
     write_chart(rows, path, title)
     return "csv,md,png"
 
 
 def chart_figure(rows: list[dict[str, Any]], title: str) -> Any:
-    """Per arch (a column): seconds per epoch with speed-ups, throughput and latency, peak memory and
-    step anatomy per rank; every bar labelled with its value. A matplotlib Figure."""
+    """The matplotlib Figure of ``results.png``: a column of four panels per arch."""
     try:
         import matplotlib
     except ImportError:

@@ -1,13 +1,5 @@
-"""``python -m project compare RUN_DIR... --out DIR``: compare runs that already finished.
-
-Each RUN_DIR is a run folder of ``python -m project fit`` (``lightning_logs/version_N``, or a bench
-cell's), whose ``timing.json`` (:mod:`project.toolkit.callbacks.timing`) the fit and any test of it wrote;
-a folder holding no ``timing.json`` itself stands for every run folder below it that does
-(``lightning_logs``, a bench's ``runs/``). Their figures go into the same ``DIR/results.csv``,
-``results.md`` and ``results.png`` as ``bench`` writes (:mod:`.report`, :mod:`.chart`), each run a
-cell, compared with the single-device run of the same arch, batch and precision where there is one.
-Nothing is trained. Cheap to import: the chart imports matplotlib when it draws.
-"""
+"""``python -m project compare RUN_DIR... --out DIR``: the ``timing.json`` of finished runs (a folder without one:
+every run folder below it) into the same ``results.{csv,md,png}`` as ``bench`` writes, a run a cell. No training."""
 
 from __future__ import annotations
 
@@ -29,22 +21,16 @@ TIMING = "timing.json"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The options of ``python -m project compare``; ``--help`` and a bad option exit (2) here."""
     parser = OneLineParser(prog="python -m project compare", description=f"{COMPARE_HELP} Trains nothing.")
-    parser.add_argument(
-        "run_dirs",
-        nargs="+",
-        metavar="RUN_DIR",
-        help="run folders holding a timing.json (lightning_logs/version_0, ...); a folder without one "
-        "stands for every run folder below it that has one",
-    )
+    below = "a folder without one stands for every run folder below it that has one"
+    text = f"run folders holding a timing.json (lightning_logs/version_0, ...); {below}"
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help=text)
     parser.add_argument("--out", type=Path, required=True, help="folder for results.{csv,md,png}")
     return parser.parse_args(argv)
 
 
 def timing_files(run_dirs: list[str]) -> list[Path]:
-    """The ``timing.json`` of every run folder named, in the order given, each once; a bad folder is
-    a :class:`ProjectError` naming it."""
+    """The ``timing.json`` of every run folder named, in order, each once; a bad folder is a :class:`ProjectError`."""
     found: list[Path] = []
     for given in run_dirs:
         folder = Path(given)
@@ -62,32 +48,21 @@ def timing_files(run_dirs: list[str]) -> list[Path]:
 
 
 def run_row(path: Path, name: str) -> dict[str, Any]:
-    """A run as a bench cell: its settings in the columns bench uses, then every key of its
-    ``timing.json``."""
+    """A run as a bench cell: its settings in bench's columns, then every key of its ``timing.json``."""
     try:
         timing = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise ProjectError(f"compare: {path} is not a readable JSON file ({err})") from None
     if not isinstance(timing, dict):
         raise ProjectError(f"compare: {path} holds no timing record (a JSON object)")
-    strategy = timing.get("strategy")
-    return {
-        "cell": name,
-        "status": "ok",
-        "error": None,
-        # one device under Lightning's own strategy: the baseline of the speed-ups, as in bench
-        "bench_strategy": SINGLE if strategy == "single_device" else strategy,
-        "arch": timing.get("arch"),
-        "batch_size": timing.get("batch_size"),
-        "devices": timing.get("devices"),
-        "precision": timing.get("precision"),
-        **timing,
-    }
+    strategy = timing.get("strategy")  # one device under Lightning's own: the speed-ups' baseline, as in bench
+    strategy = SINGLE if strategy == "single_device" else strategy
+    row = {"cell": name, "status": "ok", "error": None, "bench_strategy": strategy}
+    return {**row, **{key: timing.get(key) for key in ("arch", "batch_size", "devices", "precision")}, **timing}
 
 
 def cell_names(folders: list[Path]) -> list[str]:
-    """Each run folder's path below the folder all of them share (``version_0``, ``a/lightning_logs/
-    version_0``): short, and different for different runs."""
+    """Each run folder's path below the folder all of them share (``version_0``, ``a/lightning_logs/version_0``)."""
     resolved = [folder.resolve() for folder in folders]
     common = Path(os.path.commonpath(resolved))
     return [str(folder.relative_to(common)) if folder != common else folder.name for folder in resolved]
@@ -110,7 +85,7 @@ def compare(run_dirs: list[str], out: Path, command: str) -> list[dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``python -m project compare``; ``argv`` replaces ``sys.argv[2:]`` (for tests)."""
+    """Entry point of ``python -m project compare``; ``argv`` replaces ``sys.argv[2:]``."""
     argv = sys.argv[2:] if argv is None else argv
     args = parse_args(argv)
     with exit_on_project_error():

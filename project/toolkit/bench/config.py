@@ -1,18 +1,12 @@
-"""The bench matrix: what a ``configs/bench/<preset>.yaml`` file may say (:class:`BenchConfig`,
-:func:`load_config`), and the cells it stands for (:class:`Cell`, :func:`expand`).
-
-Dimensions: strategies x archs x global batch sizes x device counts x precisions x variants. A
-variant is a named list of extra command-line options (e.g. ``on_device: [--data.on_device=true]``);
-without ``variants`` there is one unnamed variant with no options, and cell names do not show it.
-A strategy is a registered name (``ddp``, ``pipeline``, ...) or ``pipeline-mb<N>``: the pipeline with N
-micro-batches (``pipeline-mb1``: plain model parallelism). ``strategy_archs`` may restrict a strategy
-to some of the archs (``{pipeline-mb4: [resnet50]}``).
-"""
+"""The bench matrix: what a ``configs/bench/<preset>.yaml`` may say (:func:`load_config`) and its cells
+(:func:`expand`): strategies x archs x global batch sizes x device counts x precisions x variants (named lists of
+extra options). A strategy is a registered name or ``pipeline-mb<N>``, the pipeline with N micro-batches."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +20,8 @@ PIPELINE_CELL = re.compile(r"pipeline-mb([1-9][0-9]*)")  # the pipeline with tha
 
 
 def strategy_options(strategy: str) -> list[str]:
-    """The command-line options that select a cell's strategy.
-
-    >>> strategy_options("single"), strategy_options("ddp")
-    (['--trainer.strategy=auto'], ['--trainer.strategy=ddp'])
-    >>> strategy_options("pipeline-mb8")[1]
-    '--trainer.strategy.init_args.micro_batches=8'
-    """
-    match = PIPELINE_CELL.fullmatch(strategy)
-    if match:
+    """The command-line options that select a cell's strategy."""
+    if match := PIPELINE_CELL.fullmatch(strategy):
         return [
             "--trainer.strategy.class_path=project.toolkit.strategies.PipelineStrategy",
             f"--trainer.strategy.init_args.micro_batches={match.group(1)}",
@@ -44,9 +31,8 @@ def strategy_options(strategy: str) -> list[str]:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """A benchmark matrix, as read from YAML. ``devices`` are the device counts of the
-    multi-device strategies; ``single`` always runs on one. ``variants`` maps a name to the
-    options it appends to every cell's ``args``."""
+    """A benchmark matrix, as read from YAML. ``devices``: the counts of the multi-device strategies (``single``
+    runs on one); ``variants``: name -> options appended to every cell's ``args``."""
 
     strategies: list[str]
     archs: list[str]
@@ -65,13 +51,7 @@ class BenchConfig:
     strategy_archs: dict[str, list[str]] = field(default_factory=dict)
 
     def variant_names(self) -> list[str]:
-        """The variants as cells name them: ``[""]`` (not shown) when there is only one.
-
-        >>> BenchConfig(["single"], ["a"], [8], variants={"x": ["--y"]}).variant_names()
-        ['']
-        >>> BenchConfig(["single"], ["a"], [8], variants={"x": [], "z": []}).variant_names()
-        ['x', 'z']
-        """
+        """The variants as cells name them: ``[""]`` (not shown) when there is only one."""
         return list(self.variants) if len(self.variants) > 1 else [""]
 
     def variant_args(self, name: str) -> list[str]:
@@ -86,13 +66,9 @@ def _is_list_of(value: Any, kind: type | tuple[type, ...]) -> bool:
 
 
 def _is_limit(value: Any) -> bool:
-    """What Lightning accepts, less 1: ``--trainer.limit_*_batches=1`` parses as the float 1.0
-    (100 %), so a one-batch limit cannot be passed on a command line."""
-    if value is None:
-        return True
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    return (isinstance(value, int) and value >= 2) or 0 < value < 1
+    """What Lightning accepts, less 1: ``--trainer.limit_*_batches=1`` parses as the float 1.0 (100 %)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return value is None or (number and ((isinstance(value, int) and value >= 2) or 0 < value < 1))
 
 
 def _is_options(value: Any) -> bool:
@@ -100,18 +76,9 @@ def _is_options(value: Any) -> bool:
 
 
 def _is_variants(value: Any) -> bool:
-    """A non-empty mapping of names (letters, digits, ``_.-``) to lists of options.
-
-    >>> _is_variants({"loader": [], "on_device": ["--data.on_device=true"]}), _is_variants({"a b": []})
-    (True, False)
-    >>> _is_variants({"x": "--y"}), _is_variants({}), _is_variants(["x"])
-    (False, False, False)
-    """
-    return (
-        isinstance(value, dict)
-        and bool(value)
-        and all(isinstance(k, str) and NAME.fullmatch(k) and _is_options(v) for k, v in value.items())
-    )
+    """A non-empty mapping of names (letters, digits, ``_.-``) to lists of options."""
+    names = isinstance(value, dict) and all(isinstance(k, str) and NAME.fullmatch(k) for k in value)
+    return names and bool(value) and all(_is_options(v) for v in value.values())
 
 
 _RULES: dict[str, tuple[Any, str]] = {
@@ -151,11 +118,9 @@ def load_config(path: Path) -> BenchConfig:
         raise ProjectError(f"bench --config {path}: not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise ProjectError(f"bench --config {path}: expected a mapping of settings, found {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(_RULES))
-    if unknown:
+    if unknown := sorted(set(raw) - set(_RULES)):
         raise ProjectError(f"bench --config {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(_RULES)}")
-    missing = [key for key in _REQUIRED if key not in raw]
-    if missing:
+    if missing := [key for key in _REQUIRED if key not in raw]:
         raise ProjectError(f"bench --config {path}: missing key(s) {', '.join(missing)}")
     for key, value in raw.items():
         ok, allowed = _RULES[key]
@@ -177,24 +142,18 @@ class Cell:
 
     @property
     def name(self) -> str:
-        """``ddp-resnet50-b256-x2-32-true`` (``...-32-true-on_device`` with variants): the run
-        folder's name, safe on any file system."""
+        """The run folder's name, ``ddp-resnet50-b256-x2-32-true`` (``...-on_device`` with variants)."""
         raw = f"{self.strategy}-{self.arch}-b{self.batch_size}-x{self.devices}-{self.precision}"
         raw += f"-{self.variant}" if self.variant else ""
         return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
 
 
 def expand(config: BenchConfig) -> list[Cell]:
-    """Every cell of the matrix, the single-device baseline first within each arch, batch,
-    precision and variant."""
+    """Every cell of the matrix, the single-device baseline first within each arch, batch, precision and variant."""
     cells = []
-    for arch in config.archs:
-        for batch_size in config.batch_sizes:
-            for precision in config.precision:
-                for variant in config.variant_names():
-                    for strategy in config.strategies:
-                        if arch not in config.strategy_archs.get(strategy, [arch]):
-                            continue
-                        counts = [1] if strategy == SINGLE else config.devices
-                        cells += [Cell(strategy, arch, batch_size, n, precision, variant) for n in counts]
+    grid = product(config.archs, config.batch_sizes, config.precision, config.variant_names(), config.strategies)
+    for arch, batch_size, precision, variant, strategy in grid:
+        if arch in config.strategy_archs.get(strategy, [arch]):
+            counts = [1] if strategy == SINGLE else config.devices
+            cells += [Cell(strategy, arch, batch_size, n, precision, variant) for n in counts]
     return list(dict.fromkeys(cells))  # a strategy listed twice runs once

@@ -1,10 +1,10 @@
-"""Running the cells: each as ``python -m project fit`` then ``test --ckpt_path=last`` in fresh
-processes (:func:`run_cell`), skipping those that finished before (:func:`run_matrix`), and reading
-what they measured back (:func:`collect`)."""
+"""Running the cells, each as ``python -m project fit`` then ``test --ckpt_path=last`` in fresh processes, skipping
+those that finished before, and reading back what they measured (:func:`collect`)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -24,9 +24,8 @@ MARKER = "bench-cell.json"  # a cell's outcome, in its run folder
 
 
 def cell_args(config: BenchConfig, cell: Cell, runs: Path) -> list[str]:
-    """The options ``fit`` and ``test`` share: the cell's settings, its own folder, whose
-    ``lightning_logs/version_0`` is fixed as the TensorBoard run (so ``test`` adds to the run
-    ``fit`` made, and ``--ckpt_path=last`` finds it), the preset's args and the cell's variant's."""
+    """The options ``fit`` and ``test`` share: the cell's settings, the preset's and variant's args, and its own
+    folder, whose ``lightning_logs/version_0`` is the one TensorBoard run (``--ckpt_path=last`` finds the fit's)."""
     args = [
         *strategy_options(cell.strategy),
         f"--trainer.devices={cell.devices}",
@@ -58,9 +57,8 @@ def project_command(subcommand: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "project", subcommand, *args]
 
 
-# The sessions run_in_own_session is waiting on (their process groups); whether the process is ending (SIGTERM,
-# or end_all_sessions), after which no session starts; and the threads between starting a session and
-# registering it here, where SIGTERM's handler must not raise (the session would be left running).
+# The sessions being waited on (process groups); whether this process is ending (no session starts then); the
+# threads between starting a session and registering it, where SIGTERM's handler must not raise.
 _LIVE_SESSIONS: set[int] = set()
 _ENDING = threading.Event()
 _STARTING: set[int] = set()
@@ -70,10 +68,8 @@ SIGTERM_STATUS = 128 + signal.SIGTERM  # as a shell reports a process SIGTERM en
 def run_in_own_session(
     command: list[str], stdout: IO | int | None, stderr: IO | int | None, timeout_s: float, cwd: Path | None = None
 ) -> int | None:
-    """Run ``command`` to its end and return its exit status, or None if it ran past ``timeout_s``.
-    It runs in a process session of its own, so a timeout (or Ctrl-C here, or SIGTERM under
-    :func:`ending_sessions_on_sigterm`) ends the launcher AND every rank it started. Once the process is
-    ending (:func:`end_all_sessions`), it starts nothing and raises ``SystemExit``, in any thread."""
+    """``command``'s exit status, or None past ``timeout_s``. In a session of its own, so a timeout, Ctrl-C or SIGTERM
+    ends the launcher AND every rank it started; once the process is ending it raises ``SystemExit`` instead."""
     if _ENDING.is_set():
         raise SystemExit(SIGTERM_STATUS)
     _STARTING.add(threading.get_ident())
@@ -83,29 +79,23 @@ def run_in_own_session(
     finally:
         _STARTING.discard(threading.get_ident())
     try:
-        if _ENDING.is_set():  # SIGTERM came while it started
-            raise SystemExit(SIGTERM_STATUS)
-        code = process.wait(timeout=timeout_s)
-        if _ENDING.is_set():  # ended by end_all_sessions, not by itself: no status to report
+        code = None if _ENDING.is_set() else process.wait(timeout=timeout_s)
+        if _ENDING.is_set():  # SIGTERM came while it started, or ended it: no status to report
             raise SystemExit(SIGTERM_STATUS)
         return code
-    except subprocess.TimeoutExpired:
+    except BaseException as err:  # a timeout, Ctrl-C or SIGTERM: leave no ranks behind
         with contextlib.suppress(ProcessLookupError):  # it ended just now
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-        return None
-    except BaseException:  # Ctrl-C or SIGTERM: leave no ranks behind
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        if isinstance(err, subprocess.TimeoutExpired):
+            return None
         raise
     finally:
         _LIVE_SESSIONS.discard(process.pid)
 
 
 def end_all_sessions() -> None:
-    """End every session :func:`run_in_own_session` is waiting on, in any thread, and start no more: for a
-    process that waits on sessions from worker threads, whose Ctrl-C reaches only its main thread."""
+    """End every session waited on, in any thread, and start no more (Ctrl-C reaches only the main thread)."""
     _ENDING.set()
     for group in list(_LIVE_SESSIONS):
         with contextlib.suppress(ProcessLookupError, PermissionError):  # ended already
@@ -114,17 +104,12 @@ def end_all_sessions() -> None:
 
 @contextlib.contextmanager
 def ending_sessions_on_sigterm() -> Iterator[None]:
-    """Inside it, SIGTERM (``kill``, ``timeout``, a batch system's time limit) ends every session that
-    :func:`run_in_own_session` is waiting on, then this process (``SystemExit``, status 143), as Ctrl-C
-    does. Python's own response to SIGTERM ends the process at once: the sessions, each in a process group
-    of its own that the signal does not reach, would run on without it, holding their devices. Enter it in
-    the main thread (signal handlers are set there); the sessions may be waited on in any thread."""
+    """Inside it (entered in the main thread), SIGTERM ends every session waited on, then this process (status 143),
+    as Ctrl-C does; by default the sessions, in process groups the signal does not reach, would run on."""
 
     def end_sessions(signum: int, frame: FrameType | None) -> None:
         end_all_sessions()
-        # The handler runs in the main thread; between starting a session and registering it, run_in_own_session
-        # raises instead, once the session can be ended with it.
-        if threading.get_ident() not in _STARTING:
+        if threading.get_ident() not in _STARTING:  # else run_in_own_session raises, once it can end the session
             raise SystemExit(SIGTERM_STATUS)
 
     previous = signal.signal(signal.SIGTERM, end_sessions)
@@ -136,8 +121,7 @@ def ending_sessions_on_sigterm() -> Iterator[None]:
 
 
 def _run_logged(command: list[str], log_stem: Path, timeout_s: float) -> str | None:
-    """Run ``command`` with its output in ``<log_stem>.out`` / ``.err``; None on success, else
-    the error: the last line it printed to stderr (a traceback ends with the exception)."""
+    """Run ``command`` into ``<log_stem>.out`` / ``.err``; None on success, else the last line of its stderr."""
     with open(f"{log_stem}.out", "w") as out, open(f"{log_stem}.err", "w") as err:
         code = run_in_own_session(command, out, err, timeout_s)
     if code is None:
@@ -149,7 +133,6 @@ def _run_logged(command: list[str], log_stem: Path, timeout_s: float) -> str | N
 
 
 def _finished(cell_dir: Path, args: list[str]) -> bool:
-    """Whether this very cell (same options) already ran to the end."""
     try:
         marker = json.loads((cell_dir / MARKER).read_text())
     except (OSError, ValueError):
@@ -164,20 +147,13 @@ def run_cell(config: BenchConfig, cell: Cell, runs: Path) -> dict[str, Any]:
     cell_dir.mkdir(parents=True)
     args = cell_args(config, cell, runs)
     fit, test = project_command("fit", args), project_command("test", [*args, "--ckpt_path=last"])
-    start = time.perf_counter()
-    timeout_s = config.timeout_minutes * 60
+    start, timeout_s = time.perf_counter(), config.timeout_minutes * 60
     error = _run_logged(fit, cell_dir / "fit", timeout_s)
     if error is None:
         error = _run_logged(test, cell_dir / "test", timeout_s)
         error = None if error is None else f"test: {error}"
-    outcome = {
-        "status": "ok" if error is None else "failed",
-        "error": error,
-        "cell_seconds": round(time.perf_counter() - start, 1),
-        "args": args,
-        "fit_command": fit,
-        "test_command": test,
-    }
+    seconds, status = round(time.perf_counter() - start, 1), "ok" if error is None else "failed"
+    outcome = dict(status=status, error=error, cell_seconds=seconds, args=args, fit_command=fit, test_command=test)
     (cell_dir / MARKER).write_text(json.dumps(outcome, indent=2) + "\n")
     return outcome
 
@@ -203,30 +179,17 @@ def run_matrix(config: BenchConfig, cells: list[Cell], runs: Path) -> None:
         elapsed = time.perf_counter() - start
         left = elapsed / ran * (len(todo) - ran)
         result = "ok" if outcome["status"] == "ok" else f"FAILED ({outcome['error']})"
-        print(
-            f"{prefix}: {result} in {outcome['cell_seconds']:.0f} s | elapsed {_clock(elapsed)} | left ~{_clock(left)}",
-            flush=True,
-        )
+        times = f"in {outcome['cell_seconds']:.0f} s | elapsed {_clock(elapsed)} | left ~{_clock(left)}"
+        print(f"{prefix}: {result} {times}", flush=True)
 
 
 def collect(cells: list[Cell], runs: Path) -> list[dict[str, Any]]:
-    """One row per cell: the cell, its outcome, and every key of its ``timing.json``. The
-    ``variant`` column is there only where the matrix has several."""
+    """One row per cell: the cell (``variant`` only where there are several), its outcome, its ``timing.json``."""
     rows = []
     for cell in cells:
         cell_dir = runs / cell.name
-        row: dict[str, Any] = {
-            "cell": cell.name,
-            "status": "not run",
-            "error": None,
-            "bench_strategy": cell.strategy,
-            "arch": cell.arch,
-            "batch_size": cell.batch_size,
-            "devices": cell.devices,
-            "precision": cell.precision,
-        }
-        if cell.variant:
-            row["variant"] = cell.variant
+        settings = {k: v for k, v in dataclasses.asdict(cell).items() if k != "strategy" and (v or k != "variant")}
+        row = {"cell": cell.name, "status": "not run", "error": None, "bench_strategy": cell.strategy, **settings}
         if (cell_dir / MARKER).is_file():
             marker = json.loads((cell_dir / MARKER).read_text())
             row.update(status=marker["status"], error=marker["error"], cell_seconds=marker["cell_seconds"])

@@ -1,7 +1,5 @@
-"""The result files of a bench run: ``results.csv`` (every figure of every cell, :func:`write_csv`)
-and ``results.md`` (the tables a reader compares, :func:`write_markdown`), with each cell's speed-up
-over its single-device baseline (:func:`speedups`). Keys missing from a cell's ``timing.json``
-(written by an older version) show as "–"."""
+"""The result files of a bench run: ``results.csv`` (every figure of every cell) and ``results.md`` (the tables a
+reader compares), with each cell's speed-up over its single-device baseline; a figure a cell lacks shows as "–"."""
 
 from __future__ import annotations
 
@@ -16,22 +14,9 @@ from project.toolkit.bench.config import SINGLE
 from project.toolkit.measure.tables import markdown_table, mean_std, number
 
 # Where a cell's figures were taken, as the timing callback records it; shown once above the tables.
-ENVIRONMENT_KEYS = (
-    "device_name",
-    "device_count",
-    "cpu_model",
-    "cpu_cores",
-    "cuda",
-    "cudnn",
-    "nccl",
-    "torch",
-    "lightning",
-    "torchvision",
-    "python",
-    "hostname",
-    "git_commit",
-    "git_dirty",
-    "date",
+ENVIRONMENT_KEYS = tuple(
+    "device_name device_count cpu_model cpu_cores cuda cudnn nccl torch lightning torchvision python hostname "
+    "git_commit git_dirty date".split()
 )
 PER_CELL = ("date",)  # differs from cell to cell by nature: not a difference of environment
 MISSING = "–"  # a figure a cell did not record
@@ -42,33 +27,25 @@ def _baseline_key(row: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def speedups(rows: list[dict[str, Any]]) -> list[float | None]:
-    """Each cell's steady-state epoch time against the ``single`` cell of the same arch, batch,
-    precision and variant: ``single seconds / cell seconds`` (2.0 = twice as fast). Only a cell with a
-    training time can be the baseline, the first such one: a later test- or predict-only run on one
-    device (``compare`` of a whole ``lightning_logs``) leaves it in place."""
+    """Each cell's ``single seconds / cell seconds`` per steady epoch (2.0: twice as fast), against the first ``single``
+    cell with a training time of the same arch, batch, precision and variant."""
     baseline: dict[tuple[Any, ...], float] = {}
     for r in rows:
         seconds = r.get("epoch_seconds_mean")
         if r["bench_strategy"] == SINGLE and r["status"] == "ok" and _is_number(seconds) and seconds > 0:
             baseline.setdefault(_baseline_key(r), seconds)
-    result = []
-    for r in rows:
-        base, own = baseline.get(_baseline_key(r)), r.get("epoch_seconds_mean")
-        result.append(base / own if base and own else None)
-    return result
+    pairs = [(baseline.get(_baseline_key(r)), r.get("epoch_seconds_mean")) for r in rows]
+    return [base / own if base and own else None for base, own in pairs]
 
 
 def _flatten(row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """CSV cells: ``{"a": {"p50": 1}}`` becomes ``a_p50`` (``environment_device_name``, ...);
-    lists become JSON text."""
+    """CSV cells: ``{"a": {"p50": 1}}`` becomes ``a_p50``; lists become JSON text."""
     flat: dict[str, Any] = {}
     for key, value in row.items():
         if isinstance(value, dict):
             flat.update(_flatten(value, f"{prefix}{key}_"))
-        elif isinstance(value, list):
-            flat[f"{prefix}{key}"] = json.dumps(value)
         else:
-            flat[f"{prefix}{key}"] = value
+            flat[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, list) else value
     return flat
 
 
@@ -94,26 +71,26 @@ def _pm(mean: Any, std: Any, digits: int = 3) -> str:
 
 
 def _significant(value: Any, digits: int = 3) -> str:
-    """``0.00512``, ``1.23``, ``312``: TFLOP/s span orders of magnitude from a CPU to a GPU."""
+    """``0.00512``, ``1.23``, ``312``: TFLOP/s span orders of magnitude."""
     if not _is_number(value) or math.isnan(value):
         return MISSING
     return f"{value:.{digits}g}" if abs(value) < 10**digits else f"{value:.0f}"
 
 
 def _memory(row: dict[str, Any], prefix: str) -> str:
-    """``rank0 812, rank1 790``: the peak MiB of every device of the cell."""
+    """``rank0 812, rank1 790``: the peak MiB of every device."""
     pairs = zip(row.get(f"{prefix}_devices") or [], row.get(f"{prefix}_mb") or [], strict=False)
     return ", ".join(f"{label} {_num(mb, 0)}" for label, mb in pairs)
 
 
 def _bubble(row: dict[str, Any]) -> str:
-    """``62 / 8``: a pipeline's measured bubble of each rank (stage), in %; "–" for other strategies."""
+    """``62 / 8``: a pipeline's bubble of each rank (stage), in %."""
     values = row.get("bubble_fraction")
     return " / ".join(_num(v, 0, 100) for v in values) if isinstance(values, list) and values else MISSING
 
 
 def anatomy_rows(row: dict[str, Any]) -> list[list[str]]:
-    """The ``step_anatomy`` of a cell, a row per rank (none for a cell without one)."""
+    """The ``step_anatomy`` of a cell, a row per rank."""
     anatomy = row.get("step_anatomy")
     rows = []
     for rank, parts in enumerate(anatomy.get("ranks", []) if isinstance(anatomy, dict) else []):
@@ -121,16 +98,10 @@ def anatomy_rows(row: dict[str, Any]) -> list[list[str]]:
         if _is_number(parts.get("forward")) and _is_number(parts.get("backward")):
             compute += f" ({_num(parts['forward'], 3)} + {_num(parts['backward'], 3)})"
         step, total = parts.get("step_seconds"), parts.get("parts_sum_seconds")
+        others = [_num(parts.get(k), 3) for k in ("communication", "optimizer", "bubble", "rest")]
+        share = _num(total / step if _is_number(total) and _is_number(step) and step else None, 2, 100) + " %"
         rows.append(
-            [
-                f"`{row['cell']}`",
-                str(rank),
-                _num(step, 3),
-                _num(parts.get("data_wait"), 3),
-                compute,
-                *(_num(parts.get(k), 3) for k in ("communication", "optimizer", "bubble", "rest")),
-                _num(total / step if _is_number(total) and _is_number(step) and step else None, 2, 100) + " %",
-            ]
+            [f"`{row['cell']}`", str(rank), _num(step, 3), _num(parts.get("data_wait"), 3), compute, *others, share]
         )
     return rows
 
@@ -145,8 +116,7 @@ def _text(value: Any) -> str:
 
 
 def environment_section(rows: list[dict[str, Any]]) -> list[str]:
-    """Where the figures were taken, once: the first finished cell's ``environment``, and the cells
-    whose environment differs from it (key by key, ``date`` aside)."""
+    """The first finished cell's ``environment``, and the cells whose environment differs (``date`` aside)."""
     recorded = [
         (r["cell"], r["environment"]) for r in rows if r["status"] == "ok" and isinstance(r.get("environment"), dict)
     ]
@@ -155,26 +125,17 @@ def environment_section(rows: list[dict[str, Any]]) -> list[str]:
         return [*text, "– (the cells' timing.json files do not record it)", ""]
     first = recorded[0][1]
     keys = [*ENVIRONMENT_KEYS, *(k for k in first if k not in ENVIRONMENT_KEYS)]
-    text += [
-        f"Recorded by the first finished cell, `{recorded[0][0]}`:",
-        "",
-        markdown_table(["key", "value"], [[key, _text(first.get(key))] for key in keys]),
-        "",
-    ]
+    text += [f"Recorded by the first finished cell, `{recorded[0][0]}`:", ""]
+    text += [markdown_table(["key", "value"], [[key, _text(first.get(key))] for key in keys]), ""]
     differing = [
         key
         for key in dict.fromkeys(k for _, env in recorded for k in [*keys, *env])
         if key not in PER_CELL and len({json.dumps(env.get(key)) for _, env in recorded}) > 1
     ]
     if differing:
-        text += [
-            f"**The cells did not all run in the same environment**: they differ in {', '.join(differing)}.",
-            "",
-            markdown_table(
-                ["cell", *differing], [[f"`{c}`", *(_text(env.get(k)) for k in differing)] for c, env in recorded]
-            ),
-            "",
-        ]
+        cells = [[f"`{c}`", *(_text(env.get(k)) for k in differing)] for c, env in recorded]
+        text += [f"**The cells did not all run in the same environment**: they differ in {', '.join(differing)}.", ""]
+        text += [markdown_table(["cell", *differing], cells), ""]
     return text
 
 
@@ -194,53 +155,29 @@ def write_markdown(
     """``results.md``; ``title`` and ``how`` (how the cells ran) differ between bench and compare."""
     ok = [(r, s) for r, s in zip(rows, speedups(rows), strict=True) if r["status"] == "ok"]
     variants = any(r.get("variant") for r, _ in ok)
-    training = [
-        [
-            f"`{r['cell']}`",
-            r["bench_strategy"],
-            r["arch"],
-            str(r["batch_size"]),
-            str(r["devices"]),
-            r["precision"],
-            *([_text(r.get("variant"))] if variants else []),
-            _num(r.get("fit_seconds"), 1),
-            _pm(r.get("epoch_seconds_mean"), r.get("epoch_seconds_std"), 2),
-            _num(r.get("first_epoch_seconds"), 2),
-            _pm(r.get("iteration_seconds_mean"), r.get("iteration_seconds_std"), 3),
-            _num(r.get("data_wait_fraction"), 1, 100),
-            _bubble(r),
-            _num(r.get("train_samples_per_second"), 1),
-            _significant(r.get("train_tflops_per_second")),
-            _num(r.get("mfu"), 1, 100),
-            MISSING if s is None else f"{s:.2f}x",
-        ]
-        for r, s in ok
-    ]
-    inference = []
-    for r, _ in ok:
+    training, inference = [], []
+    for r, s in ok:
+        get = r.get
+        row = [f"`{r['cell']}`", r["bench_strategy"], r["arch"], str(r["batch_size"]), str(r["devices"])]
+        row += [r["precision"], *([_text(get("variant"))] if variants else []), _num(get("fit_seconds"), 1)]
+        row += [_pm(get("epoch_seconds_mean"), get("epoch_seconds_std"), 2), _num(get("first_epoch_seconds"), 2)]
+        row += [_pm(get("iteration_seconds_mean"), get("iteration_seconds_std"), 3)]
+        row += [_num(get("data_wait_fraction"), 1, 100), _bubble(r), _num(get("train_samples_per_second"), 1)]
+        row += [_significant(get("train_tflops_per_second")), _num(get("mfu"), 1, 100)]
+        training.append([*row, MISSING if s is None else f"{s:.2f}x"])
         latency = r.get("test_batch_latency_ms") or {}
-        inference.append(
-            [
-                f"`{r['cell']}`",
-                _pm(latency.get("mean"), latency.get("std"), 1),
-                _num(latency.get("p50"), 1),
-                _num(latency.get("p90"), 1),
-                _num(latency.get("p99"), 1),
-                _num(r.get("test_sample_latency_ms"), 2),
-                _num(r.get("test_samples_per_second"), 1),
-                _significant(r.get("test_tflops_per_second")),
-                _num(r.get("test_mfu"), 1, 100),
-            ]
-        )
+        row = [f"`{r['cell']}`", _pm(latency.get("mean"), latency.get("std"), 1)]
+        row += [_num(latency.get(p), 1) for p in ("p50", "p90", "p99")]
+        row += [_num(get("test_sample_latency_ms"), 2), _num(get("test_samples_per_second"), 1)]
+        inference.append([*row, _significant(get("test_tflops_per_second")), _num(get("test_mfu"), 1, 100)])
     memory = [[f"`{r['cell']}`", _memory(r, "peak_memory"), _memory(r, "test_peak_memory")] for r, _ in ok]
     anatomy = [row for r, _ in ok for row in anatomy_rows(r)]
     failed = [
         [f"`{r['cell']}`", r["status"], (r["error"] or "").replace("|", "\\|")] for r in rows if r["status"] != "ok"
     ]
-    training_header = ["cell", "strategy", "arch", "global batch", "devices", "precision"]
-    training_header += ["variant"] if variants else []
-    training_header += ["total s", "s/epoch", "first epoch s", "s/iteration", "data wait %", "bubble %", "samples/s"]
-    training_header += ["TFLOP/s", "MFU %", "speed-up"]
+    header = ["cell", "strategy", "arch", "global batch", "devices", "precision", *(["variant"] if variants else [])]
+    header += ["total s", "s/epoch", "first epoch s", "s/iteration", "data wait %", "bubble %", "samples/s"]
+    header += ["TFLOP/s", "MFU %", "speed-up"]
     text = [
         f"# {title}",
         "",
@@ -261,7 +198,7 @@ def write_markdown(
         *environment_section(rows),
         "## Training",
         "",
-        markdown_table(training_header, training),
+        markdown_table(header, training),
         "",
         "## Inference (test)",
         "",

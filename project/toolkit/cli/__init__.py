@@ -1,10 +1,6 @@
-"""``python -m project``: which program a command line is for, decided before anything heavy is imported.
-
-``fit``, ``validate``, ``test`` and ``predict`` are LightningCLI's (:mod:`project.toolkit.cli`), which needs torch
-and Lightning: about 6 s of imports before the first line of output. ``bench`` only starts runs and
-reads their results, ``compare`` and ``plan`` only read them, and the top-level help only lists the commands,
-so these answer without importing either (a twentieth of a second), as does a mistyped command.
-"""
+"""``python -m project``: which program a command line is for, decided before anything heavy is imported. The trainer
+commands are LightningCLI's (torch and Lightning: seconds of imports); ``bench``, ``compare``, ``plan``, the help and
+a mistyped command answer without importing either."""
 
 from __future__ import annotations
 
@@ -15,8 +11,7 @@ from typing import Any
 
 from project.toolkit.cli.process_exit import end_program
 
-# What each command does, as the top-level help lists it. The trainer commands are Lightning's
-# (tests/test_entry.py checks this list against LightningCLI.subcommands()).
+# What each command does, as the top-level help lists it (tests/test_entry.py checks LightningCLI's).
 TRAINER_COMMANDS = {
     "fit": "train the model (validating every epoch); a run folder with checkpoints, timing.json, TensorBoard",
     "validate": "evaluate on the validation split (--ckpt_path=best, last or a file)",
@@ -30,12 +25,7 @@ TOOL_COMMANDS = {
 }
 USAGE = "python -m project"
 
-# The module whose main() answers each of the tool commands (commands.TOOL_COMMANDS, which the help lists).
-TOOLS = {
-    "bench": "project.toolkit.bench",
-    "compare": "project.toolkit.bench.compare",
-    "plan": "project.toolkit.plan",
-}
+TOOLS = {"bench": "project.toolkit.bench", "compare": "project.toolkit.bench.compare", "plan": "project.toolkit.plan"}
 
 
 def top_level_help() -> str:
@@ -57,11 +47,7 @@ def top_level_help() -> str:
 
 
 def unknown_command(name: str) -> str:
-    """The one line for a command that is not one, with the nearest command if there is one.
-
-    >>> unknown_command("fitt")
-    "'fitt' is not a command; did you mean 'fit'? Commands: fit, validate, test, predict, bench, compare, plan"
-    """
+    """The one line for a command that is not one, with the nearest command if there is one."""
     commands = [*TRAINER_COMMANDS, *TOOL_COMMANDS]
     near = difflib.get_close_matches(name, commands, n=1)
     hint = f"; did you mean {near[0]!r}?" if near else ";"
@@ -69,8 +55,8 @@ def unknown_command(name: str) -> str:
 
 
 def main(args: list[str] | None = None, model: str = "", data: str = "") -> Any:
-    """Entry point of ``python -m project``; ``args`` replaces ``sys.argv[1:]`` (for tests). ``model`` and
-    ``data`` are the dotted paths of the template's LightningModule and default data set."""
+    """Entry point of ``python -m project``; ``args`` replaces ``sys.argv[1:]``. ``model`` and ``data``: the dotted
+    paths of the template's LightningModule and default data set."""
     argv = sys.argv[1:] if args is None else list(args)
     if not argv or argv[0] in ("-h", "--help"):
         print(top_level_help())
@@ -81,16 +67,14 @@ def main(args: list[str] | None = None, model: str = "", data: str = "") -> Any:
     if not argv[0].startswith("-") and argv[0] not in TRAINER_COMMANDS:
         print(f"error: {unknown_command(argv[0])}", file=sys.stderr)
         raise SystemExit(2)
-    from project.toolkit.cli.lightning_cli import (
-        main as cli_main,  # torch and Lightning: only the trainer commands need them
-    )
+    from project.toolkit.cli.lightning_cli import main as cli_main  # torch and Lightning
 
     if args is not None:  # called from Python (tests): the caller's process goes on
         return cli_main(argv, model=model, data=data)
     try:
         cli = cli_main(None, model=model, data=data)  # None: LightningCLI reads sys.argv itself, without a warning
     except BaseException as outcome:
-        end_program(outcome)  # returns unless the process has a gloo group (project/toolkit/cli/process_exit.py)
+        end_program(outcome)  # returns unless the process has a gloo group
         raise
     end_program(None)
     return cli

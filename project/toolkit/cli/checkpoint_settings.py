@@ -1,19 +1,7 @@
-"""The settings a checkpoint was trained with, against the options of the command that uses it
-(``--ckpt_path=...`` of ``fit``, ``validate``, ``test``, ``predict``).
-
-LightningCLI rebuilds the model from the checkpoint's hyperparameters and lets them override the
-command's, silently: ``test --ckpt_path=<a resnet50 checkpoint> --model.arch=mobilenet_v2`` tested
-ResNet50. And it leaves the data settings alone: ``test --ckpt_path=<a 32 px fit>`` tested at the default
-112 px. Here, before anything is built (:func:`adopt_checkpoint_settings`):
-
-- a model setting given explicitly (on the command line, or different from its default in a config
-  file) that disagrees with the checkpoint is refused in one line naming both; the run-time options
-  :data:`RUN_OPTIONS` (``compile``, ``channels_last``: how the network runs, not what it computes)
-  keep the value given;
-- a model or data setting left at its default that the checkpoint trained with another value is taken
-  from the checkpoint (the data settings of :data:`DATA_SETTINGS`, when the checkpoint's data set is the
-  one chosen), and one line says which;
-- a data setting given explicitly that differs from the checkpoint's is kept, and one line says so.
+"""The settings a checkpoint was trained with, against the options of the command using it (``--ckpt_path``).
+LightningCLI silently overrides the model options given with the checkpoint's and leaves the data settings alone.
+Here a model setting given that disagrees is refused (:data:`RUN_OPTIONS` aside), a data setting given is kept with
+a warning, and a setting left at its default is taken from the checkpoint.
 """
 
 from __future__ import annotations
@@ -29,15 +17,12 @@ from project.toolkit.log import get_logger
 
 log = get_logger(__name__)
 
-# Model options that change how the network runs, not what it computes: the value given wins.
-RUN_OPTIONS = ("compile", "channels_last")
-# Data settings that make an evaluation (or a resumed fit) see data as the checkpoint's training did;
-# where the files are and how they are loaded (data_dir, download, num_workers, on_device) stay the command's.
+RUN_OPTIONS = ("compile", "channels_last")  # how the network runs, not what it computes: the value given wins
+# What makes an evaluation see data as the checkpoint's training did (where and how it is loaded stay the command's).
 DATA_SETTINGS = ("image_size", "batch_size", "val_size", "split_seed", "synthetic", "synthetic_size")
 
 
 def _defaults(cls: Any) -> dict[str, Any]:
-    """The defaults of ``cls``'s constructor arguments."""
     try:
         parameters = inspect.signature(cls.__init__).parameters.values()
     except (TypeError, ValueError):
@@ -46,7 +31,6 @@ def _defaults(cls: Any) -> dict[str, Any]:
 
 
 def _section(config: Any, fallback_class: Any) -> tuple[Any, Any]:
-    """A config section's arguments and class: ``class_path``/``init_args`` (subclass mode) or plain."""
     cls = chosen_class(config)
     return section_args(config), cls if cls is not None else fallback_class
 
@@ -54,8 +38,7 @@ def _section(config: Any, fallback_class: Any) -> tuple[Any, Any]:
 def _differing(
     saved: dict[str, Any], args: Any, defaults: dict[str, Any], keys: Any, on_command_line: set[str]
 ) -> tuple[list, list]:
-    """``(given, adopted)``: the keys whose value differs from the checkpoint's, split by whether the value
-    was given (on the command line, or different from its default) or is the default."""
+    """``(given, adopted)``: the keys whose value differs from the checkpoint's, given explicitly or by default."""
     given, adopted = [], []
     for key in keys:
         if key not in saved or args is None or key not in args or args[key] == saved[key]:
@@ -66,17 +49,9 @@ def _differing(
 
 
 def command_line_keys(argv: list[str], section: str) -> set[str]:
-    """The keys of ``section`` (``model``, ``data``) that ``argv`` sets as options.
-
-    >>> sorted(command_line_keys(["fit", "--model.arch=resnet50", "--model.init_args.lr", "0.1", "--data.x"], "model"))
-    ['arch', 'lr']
-    """
-    keys = set()
-    for word in argv:
-        option = word.partition("=")[0]
-        if option.startswith(f"--{section}."):
-            keys.add(option.removeprefix(f"--{section}.").removeprefix("init_args."))
-    return keys
+    """The keys of ``section`` (``model``, ``data``) that ``argv`` sets as options."""
+    options, prefix = [word.partition("=")[0] for word in argv], f"--{section}."
+    return {option.removeprefix(prefix).removeprefix("init_args.") for option in options if option.startswith(prefix)}
 
 
 def _pairs(prefix: str, values: dict[str, Any], keys: list[str]) -> str:
@@ -86,10 +61,8 @@ def _pairs(prefix: str, values: dict[str, Any], keys: list[str]) -> str:
 def adopt_checkpoint_settings(
     config: Any, ckpt_path: str | Path, checkpoint: dict[str, Any], model_class: Any, argv: list[str]
 ) -> Callable[[Any], None]:
-    """Check and adopt the settings the checkpoint at ``ckpt_path`` was trained with (see the module's
-    docstring), editing the subcommand's parsed ``config``; ``argv`` is the command line. Returns a
-    function to call on the config once LightningCLI has applied the checkpoint's model hyperparameters:
-    it puts back the :data:`RUN_OPTIONS` that were given."""
+    """Check and adopt, in the parsed ``config``, the settings the checkpoint was trained with. Returns what to call
+    once LightningCLI applied its hyperparameters: it puts back the :data:`RUN_OPTIONS` that were given."""
     model_args, model_cls = _section(config.get("model"), model_class)
     saved_model = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items() if not k.startswith("_")}
     given, adopted = _differing(
@@ -117,12 +90,8 @@ def adopt_checkpoint_settings(
             data_args[key] = saved_data[key]
         notes = ", ".join(filter(None, [notes, _pairs("data", saved_data, adopted)]))
         if given:
-            log.warning(
-                "--ckpt_path=%s was trained with %s; running with %s as given",
-                ckpt_path,
-                _pairs("data", saved_data, given),
-                _pairs("data", data_args, given),
-            )
+            saved, running = _pairs("data", saved_data, given), _pairs("data", data_args, given)
+            log.warning("--ckpt_path=%s was trained with %s; running with %s as given", ckpt_path, saved, running)
     if notes:
         log.info("--ckpt_path=%s: taking the settings it was trained with: %s", ckpt_path, notes)
 

@@ -1,16 +1,5 @@
-"""Checks made before a run does any work, each turning a failure that would come later -- as a traceback,
-after minutes, or after a run folder was made -- into one ``error:`` line now (or a warning, where the
-setting is allowed on purpose):
-
-- :func:`check_batch_fits_memory`: a batch of input images bigger than this machine's free memory
-  (``--data.image_size=100000`` would try to allocate 30 GB for ONE image while resizing it);
-- :func:`warn_cpu_oversubscription`: more CPU processes than CPU cores (allowed: two processes on one
-  core still check a strategy, which is what the tests and CI do; but their timings are not those of
-  N devices, so the run says so);
-- :func:`check_writable`: a run folder that cannot be written (a read-only file system);
-- :func:`check_master_port`: a ``MASTER_PORT`` someone else already listens on (an unset one is picked
-  free by Lightning).
-"""
+"""Checks made before a run does any work, each turning a failure that would come later (a traceback, after minutes or
+after a run folder was made) into one ``error:`` line now, or a warning where the setting is allowed on purpose."""
 
 from __future__ import annotations
 
@@ -36,12 +25,9 @@ from project.toolkit.strategies import COMMON_STRATEGIES
 
 log = get_logger(__name__)
 
-FLOAT32_BYTES = 4
-
 
 def available_memory_bytes() -> int | None:
-    """The host memory free for a new allocation (``MemAvailable`` of ``/proc/meminfo``), or None where
-    the system does not say."""
+    """The host memory free for a new allocation (``MemAvailable``), or None where the system does not say."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -55,11 +41,10 @@ def available_memory_bytes() -> int | None:
 
 
 def check_batch_fits_memory(image_size: int, batch_size: int, channels: int = 3, available: int | None = None) -> None:
-    """Refuse an image size at which ONE batch of input images, as float32, is bigger than the free host
-    memory: a lower bound of what a step needs (the network's activations come on top), so only sizes that
-    certainly cannot run are refused, before any memory is taken or any folder made."""
+    """Refuse an image size at which ONE batch of input images, as float32, exceeds the free host memory (a lower
+    bound of a step's needs: ``--data.image_size=100000`` would try to allocate 30 GB for one image)."""
     available = available_memory_bytes() if available is None else available
-    needed = batch_size * channels * image_size * image_size * FLOAT32_BYTES
+    needed = batch_size * channels * image_size * image_size * 4  # bytes of float32
     if available is not None and needed > available:
         raise ProjectError(
             f"data.image_size={image_size} cannot fit: one batch of {batch_size} images of {channels} x {image_size}"
@@ -69,27 +54,19 @@ def check_batch_fits_memory(image_size: int, batch_size: int, channels: int = 3,
 
 
 def warn_cpu_oversubscription(devices: Any, accelerator: Any, cuda_available: bool, cores: int | None = None) -> None:
-    """Warn when a CPU run asks for more processes (``--trainer.devices``) than there are CPU cores."""
+    """Warn when a CPU run asks for more processes than there are CPU cores (fine for checks, not for timings)."""
     on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not cuda_available)
     count = devices if isinstance(devices, int) else int(devices) if str(devices).strip().isdigit() else None
     cores = usable_cores() if cores is None else cores
     if on_cpu and count is not None and count > cores:
-        log.warning(
-            "trainer.devices=%d starts %d CPU processes on this machine's %d CPU core(s): they share the cores. "
-            "Fine to check a strategy, but its timings are not those of %d devices; use --trainer.devices=%d or "
-            "fewer to measure",
-            count,
-            count,
-            cores,
-            count,
-            cores,
-        )
+        text = "trainer.devices=%d starts %d CPU processes on this machine's %d CPU core(s): they share the cores. "
+        text += "Fine to check a strategy, but its timings are not those of %d devices; use --trainer.devices=%d or "
+        log.warning(text + "fewer to measure", count, count, cores, count, cores)
 
 
 def check_writable(folder: Path, option: str = "trainer.default_root_dir", value: Any = None) -> None:
-    """Refuse a run folder that cannot be written: the nearest folder of ``folder`` that exists must take
-    a new file (checked by making one: permissions alone do not show a read-only file system, nor
-    anything for root). ``option`` and its ``value`` (default: ``folder``) name the setting in the message."""
+    """Refuse a run folder whose nearest existing folder takes no new file (made to check: permissions do not show a
+    read-only file system); ``option`` and ``value`` (default: ``folder``) name the setting."""
     existing = Path(folder).absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -106,8 +83,7 @@ def check_writable(folder: Path, option: str = "trainer.default_root_dir", value
 
 
 def port_in_use(port: int, host: str = "") -> bool:
-    """Whether another process listens on TCP ``port`` of this machine (a port left in TIME_WAIT by an
-    earlier run counts as free, as the process group's store reuses it)."""
+    """Whether another process listens on TCP ``port`` here (one in TIME_WAIT counts as free: the store reuses it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -118,8 +94,7 @@ def port_in_use(port: int, host: str = "") -> bool:
 
 
 def check_master_port(environ: Any = None) -> None:
-    """Refuse a ``MASTER_PORT`` that is set and already taken on this machine, before the processes of a
-    run are started (they would fail later with ``DistNetworkError ... EADDRINUSE``)."""
+    """Refuse a ``MASTER_PORT`` already taken here, before the processes start (later: ``EADDRINUSE``)."""
     environ = os.environ if environ is None else environ
     value = environ.get("MASTER_PORT")
     if not value:
@@ -134,22 +109,20 @@ def check_master_port(environ: Any = None) -> None:
 
 
 def data_num_classes(data_config: Any) -> int | None:
-    """The class count of the data set a config chooses (its class's ``num_classes``), read without
-    building the data set; None if the class does not say."""
+    """The ``num_classes`` of the data set class a config chooses, without building it; None if it does not say."""
     value = getattr(chosen_class(data_config), "num_classes", None)
     return value if isinstance(value, int) else None
 
 
 def data_in_channels(data_config: Any) -> int:
-    """The channels of the data set a config chooses (its class's ``image_shape``), 3 if it does not say."""
+    """The channels of the data set class a config chooses (its ``image_shape``), 3 if it does not say."""
     shape = getattr(chosen_class(data_config), "image_shape", None)
     return shape[2] if isinstance(shape, tuple) and len(shape) == 3 and isinstance(shape[2], int) else 3
 
 
 def check_trainer_choices(strategy: Any, accelerator: Any, devices: Any) -> None:
-    """Refuse an unknown strategy or accelerator name, a GPU on a machine without one, and a device
-    count that is no count, naming what is allowed (Lightning's own messages name neither this
-    template's strategies nor the cause)."""
+    """Refuse an unknown strategy or accelerator, a GPU on a machine without one and a device count that is none,
+    naming what is allowed (Lightning's messages name neither the template's strategies nor the cause)."""
     count = devices if isinstance(devices, int) else None
     if isinstance(devices, str) and devices != "auto":
         if not re.fullmatch(r"-?\d+|\d+(,\d+)*,?", devices.strip()):

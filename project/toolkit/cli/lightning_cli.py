@@ -1,7 +1,6 @@
-"""The trainer commands, ``python -m project {fit,validate,test,predict}``: a LightningCLI with the template's
-default callbacks (each a switch, ``--callbacks.<name>=false``, with its options, ``--<name>.*``),
-``--ckpt_path=last|best`` found from a new process, a run folder for every command (:mod:`.run_dirs`), and bad
-input as one ``error:`` line, exit status 2, no traceback and no half-made run folder."""
+"""The trainer commands, ``python -m project {fit,validate,test,predict}``: a LightningCLI with the template's default
+callbacks (``--callbacks.<name>=false``, ``--<name>.*``), ``--ckpt_path=last|best``, a run folder for every command,
+and bad input as one ``error:`` line (exit status 2) leaving no half-made run folder."""
 
 from __future__ import annotations
 
@@ -70,14 +69,12 @@ class RunContext:
 
 
 class ProjectCLI(LightningCLI):
-    """LightningCLI with the template's callbacks, checks and run folders; ``default_data`` is the data module
-    ``--data`` defaults to (the toolkit names none of its own)."""
+    """LightningCLI with the template's callbacks, checks and run folders; ``default_data``: the default ``--data``."""
 
     def __init__(self, *args: Any, default_data: str | None = None, context: RunContext, **kwargs: Any) -> None:
         self.default_data, self.context = default_data, context
         self.parsers: list[LightningArgumentParser] = []
-        # What a checkpoint's settings put back once LightningCLI has read it (adopt_checkpoint_settings).
-        self._restore_run_options: Callable[[Any], None] = lambda config: None
+        self._restore_run_options: Callable[[Any], None] = lambda config: None  # see adopt_checkpoint_settings
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -106,8 +103,7 @@ class ProjectCLI(LightningCLI):
         return sorted(f"--{key}" for key in keys)
 
     def _resolve_ckpt_path(self, subcommand: str) -> None:
-        """``--ckpt_path=last|best`` as a file, checked, before LightningCLI reads the model's hyperparameters from
-        it, so a checkpoint named either way restores the network it was trained with."""
+        """``--ckpt_path=last|best`` as a checked file, before LightningCLI reads the hyperparameters from it."""
         config = self.config[subcommand]
         value = config.get("ckpt_path")
         if value is None and subcommand != "fit":
@@ -150,8 +146,7 @@ class ProjectCLI(LightningCLI):
             self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": config_filename}
 
     def instantiate_classes(self) -> None:
-        # Lightning's Trainer refuses a bad setting (devices=-1 on CPU, an unusable precision, ...) with an
-        # exception carrying a readable message; the user gets that message, not a traceback.
+        # The Trainer refuses a bad setting (devices=-1 on CPU, ...) with a readable message: show it, not a traceback.
         try:
             super().instantiate_classes()
         except (MisconfigurationException, ValueError, TypeError) as err:
@@ -218,15 +213,14 @@ def run_failed(error: BaseException, context: RunContext) -> BaseException:
 
 @functools.cache
 def _register_once() -> None:
-    """Make the template's strategies known before any Trainer exists; every process a launcher starts runs
-    ``python -m project`` again, and so this too."""
+    """Make the template's strategies known before any Trainer exists, in every process a launcher starts."""
     register_strategies()
     atexit.register(leave_gloo_process_group)
 
 
 def main(args: ArgsType = None, model: str = "", data: str = "") -> ProjectCLI:
-    """The trainer commands of ``python -m project``; ``args`` replaces ``sys.argv[1:]`` (for tests). ``model`` and
-    ``data`` are the dotted paths of the LightningModule and of the data module ``--data`` defaults to."""
+    """The trainer commands; ``args`` replaces ``sys.argv[1:]``. ``model`` and ``data``: the dotted paths of the
+    LightningModule and of the data module ``--data`` defaults to."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
     package_logger = logging.getLogger("project")
@@ -249,8 +243,7 @@ def main(args: ArgsType = None, model: str = "", data: str = "") -> ProjectCLI:
                 subclass_mode_data=True,
                 default_data=data or None,
                 context=context,
-                # One way to choose the optimizer and schedule: the model's options (--model.optimizer), which keep
-                # the per-step warm-up; LightningCLI's --optimizer would replace configure_optimizers.
+                # One way to choose the optimizer: --model.optimizer (LightningCLI's would replace the warm-up).
                 auto_configure_optimizers=False,
                 seed_everything_default=42,
                 trainer_defaults={"max_epochs": 10},

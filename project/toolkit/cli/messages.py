@@ -1,11 +1,6 @@
-"""One line for jsonargparse's refusals around a class chosen by its path (``--data=package.module.Class``).
-
-In LightningCLI's subclass mode every refusal under ``--data`` comes back as a refusal of the whole
-``data`` value, with the real cause nested inside: the class path names nothing usable, or the class
-has no such option, or one of its options has a value of the wrong type, or the class itself refused
-a value when it was built. These functions take that cause out, so the user reads which value is
-wrong and what is allowed.
-"""
+"""One line for jsonargparse's refusals, above all around a class chosen by its path (``--data=package.module.Class``):
+in LightningCLI's subclass mode they come back as a refusal of the whole ``data`` value with the real cause nested
+inside; these functions take that cause out. Examples of the texts: tests/test_units_cli_bench.py."""
 
 from __future__ import annotations
 
@@ -21,16 +16,11 @@ from project.toolkit.errors import ProjectError
 # The first error jsonargparse lists under the class it expected: (base class name, indentation, text).
 _FIRST_ERROR = re.compile(r"Subtypes: \[<class '(?:[\w.]+\.)?(\w+)'>.*?Errors:\n( *)- (.*?)(?=\n(?!\2\s)|\Z)", re.S)
 _GIVEN_CLASS = re.compile(r"Problem with given class_path '([^']*)':\s*(.*)", re.S)
+_MAPPING = 'a config file must be a mapping of options (key: value), e.g. "trainer: {max_epochs: 5}"'
 
 
 def with_option_hints(message: str, options: Iterable[str]) -> str:
-    """A parser's message about unknown options, with the nearest known option to each of them.
-
-    >>> with_option_hints("unrecognized arguments: --data.batchsize=64", ["--data.batch_size", "--data.data_dir"])
-    'unrecognized arguments: --data.batchsize=64; did you mean --data.batch_size?'
-    >>> with_option_hints("Subcommand 'fit' does not accept option 'model.lrr'", ["--model.lr"])
-    "Subcommand 'fit' does not accept option 'model.lrr'; did you mean --model.lr?"
-    """
+    """A parser's message about unknown options, with the nearest known option to each of them."""
     _, _, unrecognized = message.partition("unrecognized arguments:")
     unknown = re.findall(r"(--[\w.-]+)", unrecognized)
     unknown += [f"--{key}" for key in re.findall(r"does not accept option '([^']+)'", message)]
@@ -40,12 +30,8 @@ def with_option_hints(message: str, options: Iterable[str]) -> str:
 
 
 def config_shape_error(message: str, argv: Iterable[str]) -> str | None:
-    """For jsonargparse's ``Unexpected config: - a - b`` (a config file that is a list or a single value,
-    not a mapping of options), a line naming the file and what it must hold; None for other messages.
-
-    >>> config_shape_error("Unexpected config: - a", ["fit", "--config=missing.yaml"])
-    'a config file must be a mapping of options (key: value), e.g. "trainer: {max_epochs: 5}"; found: - a'
-    """
+    """For ``Unexpected config: - a - b`` (a config file that is no mapping), a line naming the file and what it
+    must hold; None for other messages."""
     if not message.startswith("Unexpected config"):
         return None
     import yaml  # only on this error: the commands answer without it otherwise
@@ -62,25 +48,13 @@ def config_shape_error(message: str, argv: Iterable[str]) -> str | None:
                 continue
             if not isinstance(content, dict):
                 kind = "a list" if isinstance(content, list) else f"a single value ({type(content).__name__})"
-                return (
-                    f"{path}: a config file must be a mapping of options (key: value), e.g. "
-                    f'"trainer: {{max_epochs: 5}}"; this one holds {kind}: {found}'
-                )
-    return f'a config file must be a mapping of options (key: value), e.g. "trainer: {{max_epochs: 5}}"; found: {found}'
+                return f"{path}: {_MAPPING}; this one holds {kind}: {found}"
+    return f"{_MAPPING}; found: {found}"
 
 
 def unwrap_class_option_error(message: str) -> str:
-    r"""A refusal of one option's value of a class chosen by its path, as jsonargparse reports that
-    option's refusal itself (keyed ``data.image_size``); any other message unchanged.
-
-    >>> print(unwrap_class_option_error(
-    ...     'Parser key "data":\n  Subtypes: [<class \'a.Base\'>]\n  Errors:\n'
-    ...     "    - Problem with given class_path 'a.Mine':\n        Parser key \"size\":\n"
-    ...     "          Expected a <class 'int'>. Got value: big\n  Given value: NestedArg(key='size', val='big')"
-    ... ))
-    Parser key "data.size":
-              Expected a <class 'int'>. Got value: big
-    """
+    """A refusal of one option of a class chosen by its path, as that option's own (keyed ``data.image_size``);
+    any other message unchanged."""
     key, first = re.match(r'Parser key "([^"]+)":', message), _FIRST_ERROR.search(message)
     given = _GIVEN_CLASS.match(first.group(3)) if key and first else None
     if not (given and given.group(2).startswith("Parser key ")):
@@ -89,18 +63,9 @@ def unwrap_class_option_error(message: str) -> str:
 
 
 def class_path_error_line(message: str) -> str | None:
-    r"""The one line for a class path that names no usable class (``data=x.Y is not allowed: it must
-    name a LightningDataModule subclass as package.module.Class (why)``), or for an option the chosen
-    class does not have (with the nearest it has); None for any other message.
-
-    >>> class_path_error_line(
-    ...     'Parser key "data":\n  Subtypes: [<class \'a.Base\'>]\n  Errors:\n    - Problem with given '
-    ...     "class_path 'x.Y':\n        No module named 'x'\n    - Expected None\n  Given value: x.Y"
-    ... )
-    "data=x.Y is not allowed: it must name a Base subclass as package.module.Class (No module named 'x')"
-    """
-    key = re.match(r'Parser key "([^"]+)":', message)
-    value = re.search(r"Given value: (.*?)\s*$", message)
+    """The one line for a class path that names no usable class, or for an option the chosen class does not have
+    (with the nearest it has); None for any other message."""
+    key, value = re.match(r'Parser key "([^"]+)":', message), re.search(r"Given value: (.*?)\s*$", message)
     first = _FIRST_ERROR.search(message)
     if not (key and value and first):
         return None
@@ -127,18 +92,8 @@ def class_path_error_line(message: str) -> str | None:
 
 
 def project_error_within(err: BaseException) -> ProjectError | None:
-    """The :class:`ProjectError` a class raised while jsonargparse built it (``data.image_size=0``),
-    which jsonargparse hands on as the context of an error of its own; None if there is none.
-
-    >>> try:
-    ...     try:
-    ...         raise ProjectError("data.image_size=0 is not allowed")
-    ...     except ProjectError:
-    ...         raise ValueError("Does not validate against any of the Union subtypes ...")
-    ... except ValueError as err:
-    ...     print(project_error_within(err))
-    data.image_size=0 is not allowed
-    """
+    """The :class:`ProjectError` a class raised while jsonargparse built it, found in the chain of jsonargparse's
+    own error; None if there is none."""
     seen: BaseException | None = err
     while seen is not None and not isinstance(seen, ProjectError):
         seen = seen.__cause__ or seen.__context__
@@ -146,44 +101,19 @@ def project_error_within(err: BaseException) -> ProjectError | None:
 
 
 def init_parameters(cls: type) -> list[str]:
-    """The parameters of the ``__init__`` of ``cls`` and of every class it derives from: the options
-    LightningCLI gives it.
-
-    >>> import torch
-    >>> init_parameters(type("Wider", (torch.nn.Linear,), {}))[:3]
-    ['in_features', 'out_features', 'bias']
-    """
-    names = []
-    for klass in cls.__mro__:
-        if "__init__" in vars(klass):
-            for parameter in list(inspect.signature(klass.__init__).parameters.values())[1:]:
-                if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-                    names.append(parameter.name)
-    return list(dict.fromkeys(names))
+    """The parameters of the ``__init__`` of ``cls`` and its bases: the options LightningCLI gives it."""
+    inits = [list(inspect.signature(k.__init__).parameters.values())[1:] for k in cls.__mro__ if "__init__" in vars(k)]
+    return list(dict.fromkeys(p.name for ps in inits for p in ps if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)))
 
 
 def one_line(message: str) -> str:
-    r"""``message`` with its line breaks and indentation folded into single spaces.
-
-    >>> one_line("first\n  second")
-    'first second'
-    """
+    """``message`` with its line breaks and indentation folded into single spaces."""
     return re.sub(r"\s*\n\s*", " ", message.strip())
 
 
 def parse_error_line(message: str) -> str:
-    r"""jsonargparse's message for a value of the wrong type, as one line: the option, the value, and
-    the types or values allowed; other messages only folded onto one line.
-
-    >>> parse_error_line('Parser key "data.image_size":\n  Expected a <class \'int\'>. Got value: abc')
-    'data.image_size=abc is not allowed; expected int'
-    >>> parse_error_line(
-    ...     'Parser key "trainer.max_epochs":\n  Does not validate against any of the Union subtypes\n'
-    ...     "  Subtypes: [<class 'int'>, <class 'NoneType'>]\n  Errors:\n    - Expected a <class 'int'>\n"
-    ...     "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: abc"
-    ... )
-    'trainer.max_epochs=abc is not allowed; expected int or null'
-    """
+    """jsonargparse's message for a value of the wrong type as one line: the option, the value, the types allowed;
+    other messages only folded onto one line."""
     message = unwrap_class_option_error(message)  # --data.image_size=big: jsonargparse blames all of --data
     if class_path_line := class_path_error_line(message):  # --data=no.such.Class, --data.no_such_option
         return class_path_line

@@ -1,16 +1,7 @@
-"""How a process that joined a gloo process group ends, so that a run that finished cannot abort on its way out.
-
-A gloo worker thread lets go of a finished collective's tensors after the caller has moved on, and letting go of
-a tensor that Python also holds takes the GIL. If the worker asks for the GIL just before Python starts shutting
-down and gets it during the shutdown, Python ends the thread inside a C++ destructor that cannot unwind, and the
-whole process aborts: ``terminate called without an active exception``, exit status -6 (seen in a core dump:
-the worker destroying an ``AsyncBroadcastWork`` during ``Py_FinalizeEx``'s last garbage collection; about one
-fsdp run in seven on 2 CPU processes). Destroying the group would join its worker threads first, but only once
-nothing holds the group any more, and ``fully_shard``'s modules keep theirs to the end.
-
-So ``python -m project`` ends such a process the way ``os._exit`` exists for: after the exit handlers have run
-and the output is flushed, without the interpreter's shutdown (:func:`end_program`). A process without a gloo
-group (one device, NCCL, the tool commands) exits as usual.
+"""How a process that joined a gloo process group ends, so that a run that finished cannot abort on its way out: a
+gloo worker thread taking the GIL during the interpreter's shutdown aborts the process (``terminate called without an
+active exception``, exit -6; ``fully_shard``'s modules keep the group alive). So such a process ends as ``os._exit``
+is meant for, after the exit handlers ran and the output is flushed (:func:`end_program`); others exit as usual.
 """
 
 from __future__ import annotations
@@ -30,12 +21,8 @@ def in_gloo_process_group() -> bool:
 
 
 def leave_gloo_process_group() -> None:
-    """Destroy this process's gloo process group, if it has one; an exit handler (registered by the CLI).
-
-    Lightning never destroys the group. Destroying it frees it, and joins its worker threads, when nothing else
-    holds it (ddp); it is local to the process, so it is safe after a failure too. NCCL groups are left alone,
-    since destroying one after a failed collective can hang.
-    """
+    """Destroy this process's gloo group (an exit handler; Lightning never does), joining its threads where nothing
+    else holds it. NCCL groups are left alone: destroying one after a failed collective can hang."""
     if in_gloo_process_group():
         sys.modules["torch.distributed"].destroy_process_group()
 
@@ -51,11 +38,8 @@ def exit_status(code: object) -> int:
 
 
 def end_program(outcome: BaseException | None) -> None:
-    """End ``python -m project`` now, if this process has a gloo group, as Python would have ended it after
-    ``outcome`` (None: the program returned; a ``SystemExit``; another exception, printed as Python prints it,
-    status 1, or 130 for Ctrl-C as a shell reports it). Python's own order up to its shutdown: the threading
-    module's exit callbacks and the join of non-daemon threads, then the exit handlers; then the output is
-    flushed and the process ends (``os._exit``). Returns where the process has no gloo group."""
+    """End the process now if it has a gloo group, as Python would after ``outcome`` (None: returned; an exception is
+    printed), in Python's order up to its shutdown: threads, exit handlers, flushed output, ``os._exit``."""
     if not in_gloo_process_group():
         return
     if outcome is None:

@@ -1,18 +1,7 @@
-"""Where a run writes: one run folder per command, under ``<trainer.default_root_dir>/lightning_logs``,
-also without a logger, and test/validate/predict of a fit's checkpoint inside that fit's folder.
-
-- ``--trainer.logger=false``: Lightning would write ``config.yaml`` and ``checkpoints/`` straight into
-  ``default_root_dir`` (the current directory, often the source tree), and each further run would add
-  ``last-v1.ckpt``, ``last-v2.ckpt``, ... beside the first. Here such a run gets the next
-  ``version_N`` folder, exactly where the default logger would have put it, so ``--ckpt_path=last``
-  finds it and nothing lands in the working directory.
-- ``test``/``validate``/``predict`` with a checkpoint from ``.../version_N/checkpoints/``, run with the
-  fit's setup (:data:`SAME_SETUP`: else ``timing.json`` would describe two setups as one), write into
-  ``version_N`` (TensorBoard events beside the fit's, ``timing.json`` keys merged into the fit's,
-  ``predictions.csv``), their config as ``config-<subcommand>.yaml``: in TensorBoard and on disk the
-  evaluation sits with the training it evaluates, not in an unrelated ``version_N+1``; and its
-  ModelCheckpoint, restored from the fit's checkpoint, finds the folder it was saved in (elsewhere
-  Lightning warns, on every evaluation, that the folder has changed).
+"""Where a run writes: a ``version_N`` run folder per command under ``<default_root_dir>/lightning_logs``, also
+with ``--trainer.logger=false`` (nothing lands in the working directory, ``--ckpt_path=last`` finds it). An evaluation
+of a fit's checkpoint with the fit's setup (:data:`SAME_SETUP`) writes into that fit's folder, its config as
+``config-<subcommand>.yaml``: it sits with the training it evaluates, and its ModelCheckpoint finds its folder.
 """
 
 from __future__ import annotations
@@ -34,8 +23,7 @@ TENSORBOARD_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"  # Lightning'
 
 
 def runs_root(trainer_config: Any) -> Path:
-    """The folder holding the ``version_N`` run folders: the logger's ``save_dir/name`` when a logger
-    is configured with them, else Lightning's default ``<default_root_dir>/lightning_logs``."""
+    """The folder of the ``version_N`` run folders: the logger's ``save_dir/name``, else Lightning's default."""
     root = Path(trainer_config.get("default_root_dir") or os.getcwd())
     init_args = getattr(trainer_config.get("logger"), "init_args", None)
     if init_args is None:
@@ -52,30 +40,21 @@ def next_version(root: Path) -> int:
 
 def run_folder_of(checkpoint: Any) -> Path | None:
     """``.../version_N`` for a checkpoint at ``.../version_N/checkpoints/<file>``; None for any other path."""
-    if not isinstance(checkpoint, (str, Path)):
+    if not isinstance(checkpoint, (str, Path)) or Path(checkpoint).absolute().parent.name != "checkpoints":
         return None
     folder = Path(checkpoint).absolute().parent.parent
-    if Path(checkpoint).absolute().parent.name != "checkpoints" or not folder.name.startswith("version_"):
-        return None
-    return folder if folder.name[8:].isdigit() else None
+    return folder if folder.name.startswith("version_") and folder.name[8:].isdigit() else None
 
 
-# The options that make an evaluation's timing comparable with its fit's: the run description that
-# timing.json holds once for both (the arch comes from the checkpoint).
-SAME_SETUP = (
-    "trainer.accelerator",
-    "trainer.strategy",
-    "trainer.devices",
-    "trainer.num_nodes",
-    "trainer.precision",
-    "data.image_size",  # setting() looks inside init_args where --data chose the class
-    "data.batch_size",
+# The options that make an evaluation's timing comparable with its fit's (timing.json describes both as one run).
+SAME_SETUP = tuple(
+    "trainer.accelerator trainer.strategy trainer.devices trainer.num_nodes trainer.precision data.image_size "
+    "data.batch_size".split()
 )
 
 
 def same_setup(fit_run: Path, config: Any) -> bool:
-    """Whether ``config`` sets the :data:`SAME_SETUP` options as the fit of ``fit_run`` did (its
-    ``config.yaml``; False without one)."""
+    """Whether ``config`` sets the :data:`SAME_SETUP` options as the ``config.yaml`` of ``fit_run`` did."""
     saved = fit_run / "config.yaml"
     if not saved.is_file():
         return False
@@ -85,14 +64,8 @@ def same_setup(fit_run: Path, config: Any) -> bool:
 
 
 def setting(config: Any, key: str) -> Any:
-    """The value of a dotted ``key`` in a config dict, looking inside ``init_args`` where a section is
-    given by class (``data: {class_path: ..., init_args: {image_size: 32}}``); None if absent.
-
-    >>> setting({"data": {"class_path": "x.Y", "init_args": {"image_size": 32}}}, "data.image_size")
-    32
-    >>> setting({"trainer": {"devices": 2}}, "trainer.devices"), setting({}, "trainer.devices")
-    (2, None)
-    """
+    """The value of a dotted ``key`` in a config dict, looking inside ``init_args`` where a section is given by
+    class; None if absent."""
     value = config
     for part in key.split("."):
         if isinstance(value, dict) and part not in value and isinstance(value.get("init_args"), dict):
@@ -102,40 +75,30 @@ def setting(config: Any, key: str) -> Any:
 
 
 def arrange_run_folder(subcommand: str, config: Any) -> str | None:
-    """Point the run's outputs at its run folder (see the module's docstring) by editing the parsed
-    ``config`` of ``subcommand`` before the Trainer is built; return the file name its config is to be
-    saved under when that is not ``config.yaml`` (an evaluation writing into a fit's folder).
-
-    Every process of a multi-process run computes this; what Lightning writes from it (config,
-    checkpoints, ``timing.json``) rank 0 alone writes, with the folder it broadcasts."""
+    """Point the run's outputs at its run folder by editing the parsed ``config`` before the Trainer is built; returns
+    the config's file name where it is not ``config.yaml``. Every rank computes it; rank 0 alone writes."""
     trainer = config.trainer
     logger = trainer.get("logger")
     fit_run = run_folder_of(config.get("ckpt_path")) if subcommand != "fit" else None
     if fit_run is not None and not same_setup(fit_run, config):
         fit_run = None
     if logger is False:
-        if fit_run is None:
-            root = runs_root(trainer)
-            fit_run = root / f"version_{next_version(root)}"
-            trainer.default_root_dir = str(fit_run)
-            return None
-        trainer.default_root_dir = str(fit_run)
+        root = runs_root(trainer)
+        trainer.default_root_dir = str(fit_run or root / f"version_{next_version(root)}")
     elif logger in (None, True):
         # Lightning's default logger, without its placeholder hp_metric=-1: TensorBoardViews logs the real ones.
         where = {"save_dir": trainer.get("default_root_dir") or os.getcwd()}
         if fit_run is not None:
             where = {"save_dir": str(fit_run.parent.parent), "name": fit_run.parent.name, "version": fit_run.name}
         trainer.logger = Namespace(class_path=TENSORBOARD_LOGGER, init_args=Namespace(**where, default_hp_metric=False))
-        if fit_run is None:
-            return None
     else:
         return None
-    return f"config-{subcommand}.yaml"
+    return None if fit_run is None else f"config-{subcommand}.yaml"
 
 
 def run_label(folder: Path) -> str:
-    """A run's name for TensorBoard: its folder and setup, ``version_3-ddp-resnet50-2xcpu-b256`` (from its
-    ``timing.json``, else its ``config.yaml``; the folder's name alone when neither says)."""
+    """A run's name for TensorBoard, ``version_3-ddp-resnet50-2xcpu-b256``: its folder and setup (from its
+    ``timing.json``, else its ``config.yaml``)."""
     setup: list[Any] = []
     timing_file, config_file = folder / "timing.json", folder / "config.yaml"
     try:
@@ -156,9 +119,8 @@ def run_label(folder: Path) -> str:
 
 
 def tensorboard_logdir_spec(root: Path) -> str:
-    """TensorBoard's ``--logdir_spec`` for the run folders under ``root``, each run named by
-    :func:`run_label` (TensorBoard names a run by its folder, ``version_N``, which says nothing of its
-    setup); ``--logdir=root`` where there is no run folder (yet)."""
+    """TensorBoard's ``--logdir_spec`` naming each run folder under ``root`` by :func:`run_label` (not just
+    ``version_N``); ``--logdir=root`` where there is none yet."""
     folders = sorted({p.parent for p in Path(root).rglob("events.out.tfevents.*")})
     if not folders:
         return f"--logdir={root}"

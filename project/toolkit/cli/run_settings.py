@@ -1,17 +1,7 @@
-"""Trainer and callback settings the CLI derives from the ones a user gave, before the Trainer is built.
-
-- A default callback that a Trainer flag already switches off (``--trainer.enable_checkpointing=false``,
-  ``enable_progress_bar``) is left out: the Trainer refuses a callback of a kind it was told not to use.
-  Switching the checkpoint callback off (``--callbacks.checkpoint=false``) turns its flag off in turn, else
-  the Trainer would add its own; switching off the progress bar gives Lightning's own.
-- ``fast_dev_run`` runs without the ModelCheckpoint: Lightning's rule is that it saves nothing, yet
-  its ModelCheckpoint wrote ``last.ckpt`` at the end (into the working directory).
-- ``--data.val_size=0`` (train on every image): no validation loop, and checkpoints keep
-  ``last.ckpt`` only, as there is no ``val/acc`` to rank them by (``--ckpt_path=best`` then takes it).
-- cuDNN autotuning (``--trainer.benchmark``) is on unless the run is deterministic.
-- ``predict`` returns no predictions to the command line, which has no use for them (``predictions.csv``
-  holds them): ``--return_predictions`` is false unless given. Returning them, Lightning would copy each
-  batch's to the CPU as it comes (on a GPU, a wait for the device at every batch) and keep them all.
+"""Trainer and callback settings derived from the ones given, before the Trainer is built: a default callback a
+Trainer flag switches off is left out (and ``--callbacks.checkpoint=false`` turns its flag off); ``fast_dev_run``
+saves no checkpoint; ``--data.val_size=0`` means no validation and ``last.ckpt`` only; cuDNN autotuning unless
+deterministic; ``predict`` returns no predictions (``predictions.csv`` holds them) unless ``--return_predictions``.
 """
 
 from __future__ import annotations
@@ -25,10 +15,7 @@ from project.toolkit.log import get_logger
 log = get_logger(__name__)
 
 # Trainer flags that switch a kind of callback off, and the default callback of that kind.
-TRAINER_SWITCHES = {
-    "enable_checkpointing": "checkpoint",
-    "enable_progress_bar": "progress_bar",
-}
+TRAINER_SWITCHES = {"enable_checkpointing": "checkpoint", "enable_progress_bar": "progress_bar"}
 
 
 def callbacks_switched_off(config: Any, names: list[str]) -> set[str]:
@@ -46,11 +33,9 @@ def callbacks_switched_off(config: Any, names: list[str]) -> set[str]:
 
 
 def derive_settings(subcommand: str, config: Any) -> None:
-    """Settings that follow from others (see the module's docstring), written into ``config``."""
+    """Settings that follow from others, written into ``config``."""
     trainer = config.trainer
-    if trainer.get("benchmark") is None:
-        # cuDNN's autotuner picks the fastest convolution kernels for the (fixed) input shape; it
-        # may pick differently from run to run, so a deterministic run leaves it off. No effect on CPU.
+    if trainer.get("benchmark") is None:  # cuDNN's autotuner may pick other kernels from run to run
         trainer.benchmark = not trainer.get("deterministic")
     if setting(config.as_dict(), "data.val_size") == 0:  # also inside data.init_args (--data=Class)
         if subcommand == "validate":
