@@ -25,6 +25,14 @@ def test_every_private_name_exists_in_the_installed_libraries() -> None:
     # restart_training_batches: the fit loop keeps its data fetcher under this name (None before fit)
     assert "_data_fetcher" in vars(trainer.fit_loop)
     compat.restart_training_batches(trainer)
+    # shard_over_every_process: ModelParallelStrategy's data-parallel size, "auto" until set up
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    strategy = ModelParallelStrategy(tensor_parallel_size=1)
+    assert strategy._data_parallel_size == "auto"
+    strategy.parallel_devices, strategy.num_nodes = [None, None], 1
+    compat.shard_over_every_process(strategy)
+    assert strategy._data_parallel_size == 2
     # shut_down_threads, run_exit_handlers: Python's own first steps of its shutdown
     assert callable(threading._shutdown) and callable(atexit._run_exitfuncs)
 
@@ -50,18 +58,20 @@ def test_private_names_live_in_compat_only_and_are_few() -> None:
 
 
 def own_private_names(path: Path) -> set[str]:
-    """The module's own private names: its functions, classes, attributes and methods (``self._x``)."""
+    """The module's own private names: its functions, classes and names, and the attributes its classes declare
+    or set in their ``__init__`` (a private attribute of a library's class set elsewhere is not the module's)."""
     tree = ast.parse(path.read_text())
-    defined = {
-        node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
-    }
-    assigned = {
-        node.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
-    }
-    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
-    return defined | assigned | names
+    own = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            own.add(node.name)
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            own |= {
+                n.attr
+                for n in ast.walk(node)
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+            }
+    return own
 
 
 def test_the_private_name_check_can_fail(tmp_path: Path) -> None:

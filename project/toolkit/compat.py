@@ -15,6 +15,12 @@ def restart_training_batches(trainer: Any) -> None:
         iter(fetcher)
 
 
+def shard_over_every_process(strategy: Any) -> None:
+    """Make a ModelParallelStrategy shard over every process (plain FSDP): its ``data_parallel_size="auto"`` means
+    the node count, and the process count is known only once Lightning has set the strategy up."""
+    strategy._data_parallel_size = strategy.num_nodes * strategy.num_processes
+
+
 def shut_down_threads() -> None:
     """Python's first shutdown step: threading's exit callbacks (stopping idle pool workers), then the thread joins."""
     threading._shutdown()

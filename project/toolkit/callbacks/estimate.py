@@ -43,6 +43,7 @@ class CpuTimeEstimate(Callback):
         self.iterations = iterations
         self.min_minutes = min_minutes
         self._started: float | None = None
+        self._first_step = 0
         self._done = False
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
+from project.toolkit.compat import shard_over_every_process
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.strategies.blocks import Block, module_blocks, short_count
@@ -75,8 +76,7 @@ class FullyShardedStrategy(ModelParallelStrategy):
         self.parallel_plan: dict[str, Any] | None = None  # the FSDP units, for timing.json
 
     def setup_environment(self) -> None:
-        # ModelParallelStrategy's "auto" would shard across nodes only; FSDP shards across every process.
-        self._data_parallel_size = self.num_nodes * self.num_processes
+        shard_over_every_process(self)  # ModelParallelStrategy's "auto" would shard across nodes only
         super().setup_environment()
 
     def setup(self, trainer: pl.Trainer) -> None:
