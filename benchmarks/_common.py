@@ -12,7 +12,7 @@ the template does by default on a CPU; the input paths are measured on their own
 benchmarks.input``).
 
 All sides are timed at the same instants: the template and Lightning's loop by one extra callback,
-:class:`project.toolkit.measure.stamps.StepStamps` (a ``perf_counter()`` per batch, microseconds), the
+:class:`benchmarks.stamps.StepStamps` (a ``perf_counter()`` per batch, microseconds), the
 plain loops by the same calls in their code, after waiting for the device where it runs
 asynchronously. The figures are medians of per-step times:
 
@@ -178,7 +178,7 @@ def run(command: list[str], threads: int, runs: int = 1) -> None:
 def template(stage: str, setup: Setup, folder: Path, threads: int, batch_size: int | None = None) -> dict[str, Any]:
     """``python -m project <stage>`` with the template's defaults and ``setup`` (evaluating in
     batches of ``batch_size``), writing into ``folder``; returns its ``timing.json``, with the
-    :class:`~project.toolkit.measure.stamps.StepStamps` under ``"clock"``."""
+    :class:`~benchmarks.stamps.StepStamps` under ``"clock"``."""
     folder.mkdir(parents=True, exist_ok=True)
     run([sys.executable, "-m", "project", *template_arguments(stage, setup, folder, batch_size)], threads)
     return template_results(folder)
@@ -186,12 +186,12 @@ def template(stage: str, setup: Setup, folder: Path, threads: int, batch_size: i
 
 def template_arguments(stage: str, setup: Setup, folder: Path, batch_size: int | None = None) -> list[str]:
     """The arguments of ``python -m project`` for :func:`template`: ``stage``, ``setup``'s options, ``folder``
-    as the run's root and the :class:`~project.toolkit.measure.stamps.StepStamps` callback."""
+    as the run's root and the :class:`~benchmarks.stamps.StepStamps` callback."""
     return [
         stage,
         *setup.cli_args(batch_size),
         f"--trainer.default_root_dir={folder}",
-        "--trainer.callbacks+=project.toolkit.measure.stamps.StepStamps",
+        "--trainer.callbacks+=benchmarks.stamps.StepStamps",
         f"--trainer.callbacks.path={folder / 'clock.json'}",
     ]
 

@@ -19,7 +19,7 @@ rounds of three of each round's mean), each session's ratio shown beside it: how
 well the run resolves the ratio. All sides leave the first 3 batches out (the TimingCallback's ``warmup_iterations``).
 
 All sides are stamped at the same instants (the template and the lightning side by the observer callback
-``project.toolkit.measure.stamps.StepStamps``, at its ``on_*_batch_start`` / ``on_*_batch_end`` hooks):
+``benchmarks.stamps.StepStamps``, at its ``on_*_batch_start`` / ``on_*_batch_end`` hooks):
 
 - throughput (images/s), for ``test`` and ``predict``: the batch size over the median step cycle,
   end of one batch to the end of the next, so everything between batches counts too: loading, the

@@ -2,7 +2,7 @@
 
 LightningModules whose steps are the plain loop's, run by a ``Trainer`` with no logger, callbacks,
 progress bar or model summary, and stamped by the template's own observer,
-:class:`~project.toolkit.measure.stamps.StepStamps`:
+:class:`~benchmarks.stamps.StepStamps`:
 
 - :func:`lightning_fit`: :func:`benchmarks.plain.plain_fit`'s training step -- each batch indexed out of
   the in-memory images and augmented after the transfer, with the same kind of draws, then forward,
@@ -33,8 +33,8 @@ from torch.nn import functional as F
 
 from benchmarks._common import Setup
 from benchmarks.plain import InMemory, build_net, device_of_plain_loops, epoch_draws, splits, training_steps
+from benchmarks.stamps import StepStamps
 from project.toolkit.data.samplers import SliceBatches
-from project.toolkit.measure.stamps import StepStamps
 from project.toolkit.training import WarmupCosine
 
 

@@ -9,7 +9,7 @@ to ``FOLDER/session.json``. The sides:
 - ``lightning``: Lightning's loop around the plain loop's steps (:mod:`benchmarks.lightning_loop`), which
   shows what of the template's cost is Lightning's own;
 - ``template``: the template through its real entry point (``project.__main__.main``, as ``python -m
-  project`` calls it), with its defaults and the :class:`~project.toolkit.measure.stamps.StepStamps`
+  project`` calls it), with its defaults and the :class:`~benchmarks.stamps.StepStamps`
   callback.
 
 Why the sides share a process: on this 2-core CPU the speed of a fresh process running a loop is partly

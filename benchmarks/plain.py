@@ -2,7 +2,7 @@
 user writes (:func:`plain_fit`, :func:`plain_infer`), given the template's recipe -- network, SGD with
 Nesterov momentum and weight decay, linear warm-up then cosine stepped every iteration, cross-entropy,
 the crop-and-flip augmentation, the same split of the same images -- and stamped at the same instants
-as :class:`project.toolkit.measure.stamps.StepStamps` stamps the template.
+as :class:`benchmarks.stamps.StepStamps` stamps the template.
 
 The input is what a plain loop does best with a data set that fits in memory: the images held as one
 uint8 tensor on the device (on a CPU: in memory), each batch indexed out of it and augmented at once in
@@ -62,7 +62,7 @@ def build_net(setup: Setup, device: torch.device, num_classes: int = 10) -> nn.M
 
 def clock_of(device: torch.device) -> Any:
     """A function returning ``(wall, cpu)`` seconds: ``perf_counter()`` after waiting for the device, and
-    the process's CPU time, as :class:`~project.toolkit.measure.stamps.StepStamps` stamps the template."""
+    the process's CPU time, as :class:`~benchmarks.stamps.StepStamps` stamps the template."""
     mark = SyncingClock(synchronizer(device)).mark
     return lambda: (mark(), time.process_time())
 
@@ -174,7 +174,7 @@ def plain_fit(setup: Setup, out: Path, test: bool = False) -> dict[str, Any]:
     check) and after every epoch; a checkpoint (model, optimizer, schedule) every epoch. With ``test``,
     the test split's accuracy after the last epoch.
 
-    Besides its stamps (under ``"clock"``, in the layout of :class:`~project.toolkit.measure.stamps.StepStamps`)
+    Besides its stamps (under ``"clock"``, in the layout of :class:`~benchmarks.stamps.StepStamps`)
     it returns ``epochs`` as ``timing.json`` has them: seconds from the epoch's start to its last step
     (validation and the checkpoint come after) and images.
     """

@@ -24,7 +24,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from project.toolkit.measure.stamps import StepStamps
+from benchmarks.stamps import StepStamps
 from tests.conftest import quiet_trainer
 
 if TYPE_CHECKING:
