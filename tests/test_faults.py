@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -111,6 +112,35 @@ def test_finite_losses_run_to_the_end(tmp_path: Path) -> None:
     trainer = fit_nan_run(tmp_path, bad_step=10_000)
     assert trainer.global_step == 16
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+class FakeCopy:
+    """A loss's asynchronous copy to the host on a fake device: ``synchronize`` is a wait for the device, noted
+    with the step the copy was made at and the step the host had reached."""
+
+    def __init__(self, trainer: SimpleNamespace, waits: list[tuple[int, int]]) -> None:
+        self.trainer, self.waits, self.step = trainer, waits, trainer.global_step
+
+    def synchronize(self) -> None:
+        self.waits.append((self.step, self.trainer.global_step))
+
+
+def test_the_loss_guard_waits_only_for_copies_lag_steps_old_and_names_the_bad_step() -> None:
+    guard, trainer, waits = Guards(lost_rank=False), SimpleNamespace(global_step=0, current_epoch=0), []
+    guard.copy_to_host = lambda loss: (loss, FakeCopy(trainer, waits))
+    for step in range(1, 11):
+        trainer.global_step = step
+        guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(1.0)}, None, step - 1)
+    assert Guards.LAG >= 2 and len(waits) == 10 - Guards.LAG  # one wait a step, never for a recent step's copy
+    assert all(now - copied >= Guards.LAG for copied, now in waits), waits
+    guard.on_train_end(trainer, None)  # the last ones, at the end
+    assert [copied for copied, _ in waits] == list(range(1, 11))
+    trainer.global_step = 11
+    guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(float("nan"))}, None, 10)
+    with pytest.raises(ProjectError, match=r"training loss is nan at step 11 \(epoch 0\)"):
+        for step in range(12, 12 + Guards.LAG):
+            trainer.global_step = step
+            guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(1.0)}, None, step - 1)
 
 
 class SignalAt(Callback):

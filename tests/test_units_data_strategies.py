@@ -120,6 +120,15 @@ def test_key_batches_carry_each_images_crop_and_flip() -> None:
     assert [batch.tolist() for batch in batches] == expected
 
 
+def test_key_batches_are_views_of_one_table_copied_to_the_device_once_an_epoch() -> None:
+    """No copy per step on the on-device path (on a GPU a pageable copy each step may wait for the stream): the
+    epoch's table is made on the device, and each batch is a view of it."""
+    sampler = TrainingSampler(range(9), batch_size=2, num_replicas=1, rank=0, seed=0)
+    batches = list(KeyBatches(sampler, device="meta"))
+    assert len(batches) == 4 and all(batch.device.type == "meta" for batch in batches)
+    assert [batch.storage_offset() for batch in batches] == [0, 8, 16, 24]  # rows of 4: one tensor's views
+
+
 def test_even_batch_sampler_gives_every_process_as_many_batches() -> None:
     batches = [list(EvenBatchSampler(range(5), batch_size=2, num_replicas=2, rank=rank)) for rank in (0, 1)]
     assert batches == [[[0, 2], [4]], [[1], [3]]]

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +36,7 @@ _WORKER_KILLED = re.compile(r"DataLoader worker \(pid\(?s?\)? [^)]*\) is killed 
 
 
 def out_of_memory_message(error: BaseException, data_config: Any = None) -> str | None:
-    """One line for an out-of-memory ``error`` -- where, how much was asked for, and what to lower (the
-    run's batch and image size, from its ``data`` config) -- or None if ``error`` is something else.
-
-    >>> out_of_memory_message(RuntimeError("[enforce fail at alloc_cpu.cpp:121] . DefaultCPUAllocator: can't "
-    ...     "allocate memory: you tried to allocate 30000000000 bytes. Error code 12"))
-    'out of host memory: the run tried to allocate 30.0 GB more; lower --data.batch_size or --data.image_size'
-    >>> out_of_memory_message(RuntimeError("Connection reset by peer")) is None
-    True
-    """
+    """One line for an out-of-memory ``error`` (where, how much, what to lower), or None for any other error."""
     text = str(error)
     args = section_args(data_config)
     now = {
@@ -66,14 +60,9 @@ def out_of_memory_message(error: BaseException, data_config: Any = None) -> str 
 
 
 class Guards(Callback):
-    """Stops training at the first NaN or infinite loss, and a multi-process run within seconds of one of its
-    processes dying, saying which and what was saved.
-
-    The loss is read one step late, from an asynchronous copy into pinned host memory on CUDA, so the check
-    costs no wait for the device; before any checkpoint is written and at the end it checks the latest loss.
-    For the processes Lightning starts on one machine (``--trainer.devices=N``), a thread in rank 0 watches the
-    ranks it started and each of those watches rank 0 (ranks blocked in a collective would otherwise wait for
-    a timeout); under torchrun or SLURM the launcher reports a failed rank itself.
+    """Stops training at the first NaN or infinite loss, read ``LAG`` steps late from an asynchronous copy (so the
+    host never waits for the device), and checked before any save; and a run of processes Lightning started
+    (``--trainer.devices=N``) within seconds of one dying, which its ranks would otherwise wait on in a collective.
 
     Args:
         finite_loss: Stop at the first non-finite training loss.
@@ -81,10 +70,14 @@ class Guards(Callback):
         poll_seconds: How often the lost-rank watcher looks.
     """
 
+    LAG = 2  # steps between a loss and its check: the host never waits for the step under way or the one before
+
     def __init__(self, finite_loss: bool = True, lost_rank: bool = True, poll_seconds: float = 1.0) -> None:
         self.finite_loss, self.lost_rank, self.poll_seconds = finite_loss, lost_rank, poll_seconds
-        self._pending: tuple[torch.Tensor, torch.cuda.Event | None, int, int] | None = None
-        self._host: torch.Tensor | None = None
+        self._pending: deque[tuple[torch.Tensor, Any, int, int]] = deque()  # (loss, its copy's event, step, epoch)
+        self._buffers: list[torch.Tensor] = []  # LAG + 1 pinned buffers, used in turn
+        self._copies = 0
+        self.copy_to_host: Callable[[torch.Tensor], tuple[torch.Tensor, Any]] = self._copy_to_host  # tests fake it
         self._children: list[subprocess.Popen] = []
         self._parent: tuple[int, int] | None = None  # (pid, global rank) of the process that started this one
         self._rank, self._world = 0, 1
@@ -155,22 +148,13 @@ class Guards(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not self.finite_loss:
-            return
-        self._check()
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor):
-            copied = None
-            loss = loss.detach()
-            if loss.is_cuda:  # one pinned buffer for the run: _check above has waited for its last copy
-                if self._host is None or self._host.shape != loss.shape or self._host.dtype != loss.dtype:
-                    self._host = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
-                self._host.copy_(loss, non_blocking=True)
-                copied = torch.cuda.Event()
-                copied.record()
-                loss = self._host
-            # global_step already counts this step: it is the step's number, counted from 1
-            self._pending = (loss, copied, trainer.global_step, trainer.current_epoch)
+        if not self.finite_loss or not isinstance(loss, torch.Tensor):
+            return
+        # global_step already counts this step: it is the step's number, counted from 1
+        self._pending.append((*self.copy_to_host(loss.detach()), trainer.global_step, trainer.current_epoch))
+        while len(self._pending) > self.LAG:
+            self._check_oldest()
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self._check()
@@ -178,13 +162,29 @@ class Guards(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._check()
 
+    def _copy_to_host(self, loss: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """The loss, copied without a wait into one of ``LAG + 1`` pinned buffers on CUDA, and its copy's event."""
+        if not loss.is_cuda:
+            return loss, None
+        slot, self._copies = self._copies % (self.LAG + 1), self._copies + 1  # its last loss was checked already
+        if len(self._buffers) <= slot:
+            self._buffers.append(torch.empty(0))
+        host = self._buffers[slot]
+        if host.shape != loss.shape or host.dtype != loss.dtype:
+            host = self._buffers[slot] = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
+        host.copy_(loss, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return host, copied
+
     def _check(self) -> None:
-        if self._pending is None:
-            return
-        loss, copied, step, epoch = self._pending
-        self._pending = None
+        while self._pending:
+            self._check_oldest()
+
+    def _check_oldest(self) -> None:
+        loss, copied, step, epoch = self._pending.popleft()
         if copied is not None:
-            copied.synchronize()
+            copied.synchronize()  # a copy queued LAG steps ago: done long since, unless the host is far ahead
         value = float(loss)
         if not math.isfinite(value):
             raise ProjectError(

@@ -238,7 +238,7 @@ class ImageArrayDataModule(LightningDataModule):
         world, rank = self._replica()
         if self.on_device:  # batches of indices, which on_after_batch_transfer makes images on the device
             if train:
-                return KeyBatches(self._training_sampler(dataset, world, rank))
+                return KeyBatches(self._training_sampler(dataset, world, rank), self._on_device["train"][0].device)
             return SliceBatches(len(dataset), self.per_process_batch_size, num_replicas=world, rank=rank)
         workers, trainer = self.num_workers, self.trainer
         # A generator of its own: the workers' base seed would otherwise be drawn from torch's global generator,

@@ -68,10 +68,11 @@ class TrainingSampler(DistributedSampler):
 
 class KeyBatches:
     """The on-device path's training batches, without a DataLoader: ``(batch_size, 4)`` int64 rows ``[index, dy,
-    dx, flip]`` of ``sampler``'s shard, whole batches only. ``sampler`` is where Lightning looks for a loader's."""
+    dx, flip]`` of ``sampler``'s shard, whole batches only, each a view of one table made on ``device`` when the
+    epoch starts (one copy an epoch, none a step). ``sampler`` is where Lightning looks for a loader's."""
 
-    def __init__(self, sampler: TrainingSampler) -> None:
-        self.sampler = sampler
+    def __init__(self, sampler: TrainingSampler, device: torch.device | str = "cpu") -> None:
+        self.sampler, self.device = sampler, torch.device(device)
 
     def __len__(self) -> int:
         return len(self.sampler) // self.sampler.batch_size
@@ -84,7 +85,7 @@ class KeyBatches:
         if not len(index):  # split would give one empty batch
             return
         table = draw_crops_and_flips(sampler.seed, sampler.epoch, len(sampler.dataset))
-        yield from torch.from_numpy(np.column_stack([index, table[index]])).split(size)
+        yield from torch.from_numpy(np.column_stack([index, table[index]])).to(self.device).split(size)
 
 
 class EvenBatchSampler(DistributedSampler):
