@@ -16,7 +16,7 @@ the epoch metrics once per epoch.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from project.nets import build_network, network_blocks
 from project.toolkit.errors import ProjectError
-from project.toolkit.training import SampleMean, WarmupCosine
+from project.toolkit.training import SampleMean, WarmupCosine, fusable
 
 
 class ImageClassifier(LightningModule):
@@ -45,11 +45,11 @@ class ImageClassifier(LightningModule):
         warmup_epochs: Length of the linear learning-rate warm-up, in (possibly fractional) epochs;
             the cosine annealing then runs over the rest of the run, stepped every iteration.
         channels_last: Keep activations in NHWC memory order, which convolutions run faster in.
-        compile: Compile the network with ``torch.compile`` (the default inductor backend; on a CPU it
-            needs a C++ compiler). The first steps of each stage, and of validation, take longer while it
-            compiles. The network is compiled in place, so checkpoints keep the keys of an eager run and
-            load into either. Not with DataParallel, which copies the network onto every GPU at each
-            step, nor on XLA, which compiles its graphs itself.
+        compile: Compile the network with ``torch.compile`` (inductor; on a CPU it needs a C++ compiler). The first
+            epoch, and the first validation, hold the compilation. Compiled in place: checkpoints load into an
+            eager model and back. Not with DataParallel (it copies the network every step), nor on XLA.
+        compile_mode: torch.compile's mode: ``default``, ``reduce-overhead`` (CUDA graphs: one launch a step;
+            not with fsdp), or ``max-autotune-no-cudagraphs`` (slower to compile, faster kernels).
         optimizer: Another optimizer, called with the parameters, e.g. ``--model.optimizer=torch.optim.AdamW
             --model.optimizer.lr=0.001``; null: SGD with ``lr``, ``momentum``, ``nesterov`` and ``weight_decay``.
         lr_scheduler: Another schedule, called with the optimizer and stepped once per epoch, e.g.
@@ -70,6 +70,7 @@ class ImageClassifier(LightningModule):
         warmup_epochs: float = 1.0,
         channels_last: bool = True,
         compile: bool = False,
+        compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default",
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -167,7 +168,8 @@ class ImageClassifier(LightningModule):
                 raise ProjectError("--model.compile=true is not for XLA, which compiles the graph itself; leave it off")
             # nn.Module.compile, not torch.compile(self.net): the module stays the same object, so
             # state_dict keys and checkpoints are those of an eager run.
-            self.net.compile()
+            mode = self.hparams.compile_mode
+            self.net.compile(mode=None if mode == "default" else mode)
             self._compiled = True
 
     def configure_optimizers(self) -> dict[str, Any]:
@@ -177,9 +179,9 @@ class ImageClassifier(LightningModule):
         if self.optimizer_factory is not None:
             optimizer = self.optimizer_factory(self.parameters())
         else:
-            optimizer = torch.optim.SGD(
-                self.parameters(), lr=hp.lr, momentum=hp.momentum, nesterov=hp.nesterov, weight_decay=hp.weight_decay
-            )
+            sgd = {"lr": hp.lr, "momentum": hp.momentum, "nesterov": hp.nesterov, "weight_decay": hp.weight_decay}
+            # fused: one kernel launch for every parameter's update, where they all sit on one CUDA device
+            optimizer = torch.optim.SGD(self.parameters(), **sgd, fused=fusable(self.parameters()) or None)
         if self.scheduler_factory is not None:
             return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}  # once per epoch
         total_steps = int(self.trainer.estimated_stepping_batches)

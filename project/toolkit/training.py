@@ -1,8 +1,11 @@
-"""Generic pieces for a LightningModule: a warmed-up cosine schedule and a per-sample mean that never syncs."""
+"""Generic pieces for a LightningModule: a warmed-up cosine schedule, a per-sample mean that never syncs, and
+when an optimizer can take its fused kernels."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torchmetrics import MeanMetric
@@ -32,3 +35,15 @@ class SampleMean(MeanMetric):
     def reset(self) -> None:
         with torch.inference_mode(False):  # ordinary tensors: the next updates may come outside inference mode
             super().reset()
+
+
+def fusable(parameters: Iterable[Any]) -> bool:
+    """Whether an optimizer can update ``parameters`` with its fused kernels (one launch for all of them): plain
+    tensors, all on one CUDA device. Not sharded ones (DTensor), not the CPU."""
+    parameters = list(parameters)
+    devices = {p.device for p in parameters}
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        return False
+    from torch.distributed.tensor import DTensor  # CUDA builds have torch.distributed
+
+    return not any(isinstance(p, DTensor) for p in parameters)

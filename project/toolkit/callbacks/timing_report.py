@@ -105,6 +105,7 @@ def run_description(trainer: Trainer, pl_module: LightningModule) -> dict[str, A
         "num_nodes": trainer.num_nodes,
         "world_size": trainer.world_size,
         "arch": pl_module.hparams.get("arch"),
+        "compile_mode": pl_module.hparams.get("compile_mode", "default") if pl_module.hparams.get("compile") else None,
         "image_size": datamodule_hparams.get("image_size"),
         "batch_size": datamodule_hparams.get("batch_size"),  # global: the data module splits it across ranks
         "precision": str(trainer.precision),

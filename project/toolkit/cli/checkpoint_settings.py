@@ -17,7 +17,7 @@ from project.toolkit.log import get_logger
 
 log = get_logger(__name__)
 
-RUN_OPTIONS = ("compile", "channels_last")  # how the network runs, not what it computes: the value given wins
+RUN_OPTIONS = ("compile", "compile_mode", "channels_last")  # how the network runs: the value given wins
 # What makes an evaluation see data as the checkpoint's training did (where and how it is loaded stay the command's).
 DATA_SETTINGS = ("image_size", "batch_size", "val_size", "split_seed", "synthetic", "synthetic_size")
 

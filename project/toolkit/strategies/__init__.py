@@ -1,10 +1,11 @@
 """The strategies Lightning 2 lacks or refuses on a CPU (``dp``, ``dp_balanced``, ``fsdp``, ``pipeline``,
-``single_xla``) and the ``xla_cpu`` accelerator; what they need of a module: :mod:`.contract`."""
+``single_xla``), the ``xla_cpu`` accelerator, and ``ddp`` with faster settings; what they need of a module:
+:mod:`.contract`."""
 
 from __future__ import annotations
 
 from lightning.pytorch.accelerators import AcceleratorRegistry
-from lightning.pytorch.strategies import StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from project.toolkit.strategies.dp import DataParallelStrategy
 from project.toolkit.strategies.fsdp import FullyShardedStrategy
@@ -28,3 +29,14 @@ def register_strategies() -> None:
     for strategy in (DataParallelStrategy, FullyShardedStrategy, PipelineStrategy, SingleXLAStrategy):
         strategy.register_strategies(StrategyRegistry)
     XLACPUAccelerator.register_accelerators(AcceleratorRegistry)
+    # ddp, as Lightning's, but with the gradients kept as views of DDP's buckets (no copy into them each step) and
+    # the graph declared static (the same parameters used every step, as in these networks).
+    StrategyRegistry.register(
+        "ddp",
+        DDPStrategy,
+        description="DDP with gradient_as_bucket_view and static_graph",
+        override=True,
+        start_method="popen",
+        gradient_as_bucket_view=True,
+        static_graph=True,
+    )
