@@ -26,10 +26,11 @@ from project.toolkit.callbacks.timing_report import (
     sample_copies,
     update_timing_json,
 )
+from project.toolkit.data.datamodule import data_settings
 from project.toolkit.data.input_path import data_wait_advice, machine_of
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
-from project.toolkit.measure import anatomy, flops, probes
+from project.toolkit.measure import anatomy, bandwidth, flops, probes
 from project.toolkit.measure.devices import (
     CudaEventClock,
     DeviceClock,
@@ -225,19 +226,11 @@ class TimingCallback(Callback):
     def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._inference = InferenceRecorder(self._clock)
 
-    def on_test_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
+    def on_test_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         self._inference.start_batch()
 
     def on_test_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, *args: Any
     ) -> None:
         self._inference.end_batch(batch_size_of(batch))
 
@@ -300,16 +293,20 @@ class TimingCallback(Callback):
         total_peak = peak * devices if peak else None
         mfu = flops.mfu(achieved, total_peak)
         # Not rounded to a few decimals: on a CPU these are 1e-4 TFLOP/s and less.
-        return {f"{kind}_tflops_per_second": clean(achieved, 9), "peak_tflops": peak, "mfu": clean(mfu, 9)}
+        work = {f"{kind}_tflops_per_second": clean(achieved, 9), "peak_tflops": peak, "mfu": clean(mfu, 9)}
+        batch = data_settings(trainer).get("batch_size")
+        if kind == "train" and self._network is not None and samples_per_second and batch:
+            moved = bandwidth.training_traffic(
+                self._network, str(trainer.precision), samples_per_second, samples_per_second / batch, devices
+            )
+            peak_tbps = bandwidth.device_peak_tbps(self._device)
+            work["bandwidth_tb_per_second"] = clean(moved / 1e12, 9)
+            work["peak_bandwidth_tb_per_second"] = peak_tbps
+            work["bandwidth_fraction"] = clean(moved / 1e12 / (peak_tbps * devices), 6) if peak_tbps else None
+        return work
 
     def _publish(
-        self,
-        trainer: Trainer,
-        log_dir: str | None,
-        report: dict[str, Any],
-        scalars: dict[str, float | None],
-        step: int,
-        title: str,
+        self, trainer: Trainer, log_dir: str | None, report: dict, scalars: dict, step: int, title: str
     ) -> None:
         """Rank 0: TensorBoard scalars, the merged ``timing.json`` and the printed table."""
         log_scalars(trainer, scalars, step)

@@ -16,6 +16,7 @@ from project.toolkit.measure.stats import STATS, clean, nanmax
 from project.toolkit.measure.tables import mean_std, number
 
 NAN = math.nan
+BANDWIDTH = ("bandwidth_tb_per_second", "bandwidth_fraction")
 Memory = list[tuple[int, float]]  # (device index, peak MiB) per device a rank used; index -1: the host
 
 
@@ -139,13 +140,16 @@ def summarise_inference(stage: str, records: list[InferenceRecord], sample_copie
     }
 
 
-def _work(tflops: float | None, mfu: float | None) -> str:
-    """``12.3 TFLOP/s (MFU 41.0 %)``; below one TFLOP/s (a CPU) in GFLOP/s or MFLOP/s."""
+def _work(tflops: float | None, mfu: float | None, tbps: float | None = None, share: float | None = None) -> str:
+    """``12.3 TFLOP/s (MFU 41.0 %), 1.90 TB/s (57 % of peak)``; below one TFLOP/s (a CPU) in GFLOP/s or MFLOP/s."""
     if not isinstance(tflops, int | float) or isinstance(tflops, bool) or math.isnan(tflops):
         return "n/a"
     units = ((1.0, "TFLOP/s"), (1e-3, "GFLOP/s"))
     scale, unit = next(((s, u) for s, u in units if abs(tflops) >= s), (1e-6, "MFLOP/s"))
-    return f"{tflops / scale:.3g} {unit}" + ("" if mfu is None else f" (MFU {100 * mfu:.1f} %)")
+    text = f"{tflops / scale:.3g} {unit}" + ("" if mfu is None else f" (MFU {100 * mfu:.1f} %)")
+    if isinstance(tbps, int | float) and tbps > 0:
+        text += f", {tbps * 1000:.3g} GB/s moved" + ("" if share is None else f" ({100 * share:.0f} % of peak)")
+    return text
 
 
 def format_table(report: dict[str, Any], stage: str) -> str:
@@ -166,7 +170,7 @@ def format_table(report: dict[str, Any], stage: str) -> str:
             ("data wait", "n/a" if wait is None else f"{100 * wait:.1f} % of epoch time"),
             ("input", "n/a" if path is None else f"{path}, {report['num_workers']} workers"),
             ("throughput", number(report["train_samples_per_second"], 1, " samples/s (all ranks)")),
-            ("work", _work(report.get("train_tflops_per_second"), report.get("mfu"))),
+            ("work", _work(*(report.get(k) for k in ("train_tflops_per_second", "mfu", *BANDWIDTH)))),
             ("validation run", number(report["val_epoch_seconds_mean"], 2, " s")),
         ]
         if report.get("bubble_fraction"):  # a pipeline
