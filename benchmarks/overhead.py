@@ -146,8 +146,13 @@ def main(argv: list[str] | None = None) -> None:
         help="also measure --model.channels_last=false, --trainer.precision=bf16-mixed, --model.compile=true and "
         "--callbacks.host_memory_reuse=false; not held to the goal",
     )
+    parser.add_argument(
+        "--compile", action="store_true", help="compile both sides (--model.compile=true); not held to the goal"
+    )
     args = parse(parser, argv)
     cases = chosen_cases(args.options)
+    if args.compile:
+        cases = [(replace(case, compile=True), False) for case, _ in cases]
     started = time.perf_counter()
     print(f"overhead: {machine(args.threads)}", flush=True)
     results: list[dict[str, Any]] = []

@@ -7,10 +7,6 @@ the template's fit does, so the bookkeeping (the figures read, the report, earli
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +14,6 @@ import pytest
 import torch
 
 import benchmarks.gpu_job as gpu_job
-from benchmarks.gpu_check import REPO
 
 TIMING = {
     "input_path": "on_device",
@@ -107,27 +102,3 @@ def test_a_failed_run_is_reported_and_earlier_runs_are_kept(monkeypatch: pytest.
     text = (out / "gpu-job.md").read_text()
     assert "**FAIL** (1)" in rows(out)[1] and "### resnet50 bf16-mixed, default input: exit 1" in text
     assert "RuntimeError: boom" in text
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU: the stages would run")
-def test_the_gpu_run_script_without_a_gpu(tmp_path: Path) -> None:
-    """``benchmarks/gpu_run.sh`` runs its stages' real commands: without a GPU each says so and runs nothing."""
-    # python3 on the PATH is this interpreter, as on the GPU machine it is the one with torch
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    env = {**os.environ, "PATH": path, "DEADLINE_S": "300"}
-    script = ["bash", "benchmarks/gpu_run.sh", str(tmp_path / "out")]
-    stages = ["check", "job", "job-resnet50"]
-    done = subprocess.run([*script, *stages], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "gpu-check: no CUDA GPU here" in (tmp_path / "out" / "check.log").read_text()
-    # job-resnet50's --only names runs that exist: one that did not would be refused before the GPU check's line
-    for stage in ("job", "job-resnet50"):
-        assert "gpu-job: no CUDA GPU here" in (tmp_path / "out" / f"{stage}.log").read_text()
-    # and they are the job's ResNet50 runs, all of them: the script names them by number
-    (only,) = re.findall(r"job-resnet50\).*--only ([\d,]+)", (REPO / "benchmarks" / "gpu_run.sh").read_text())
-    names = [name for name, _ in gpu_job.runs(3)]
-    assert sorted(names[int(i)] for i in only.split(",")) == sorted(n for n in names if n.startswith("resnet50"))
-    wrong = subprocess.run([*script, "fit"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
-    assert wrong.returncode == 2 and "unknown stage fit" in wrong.stderr
-    half = subprocess.run([*script, "bench-vgg16"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
-    assert half.returncode == 2 and "unknown stage bench-vgg16" in half.stderr  # only gpu1.yaml's two networks
