@@ -40,6 +40,6 @@ def test_the_schema_check_refuses_a_broken_workflow(tmp_path: Path) -> None:
 
 def test_make_lints_hooks_pass_on_every_file() -> None:
     environment = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    command = [sys.executable, "-m", "pre_commit", "run", "--all-files", "--show-diff-on-failure"]
+    command = [sys.executable, "-m", "pre_commit", "run", "--all-files"]
     result = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert result.returncode == 0, result.stdout[:4000] + result.stderr[-2000:]

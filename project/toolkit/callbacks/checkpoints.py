@@ -29,14 +29,10 @@ SIGNAL_LOGGER = "lightning.pytorch.trainer.connectors.signal_connector"  # logs 
 
 
 class Checkpoints(ModelCheckpoint):
-    """Lightning's ModelCheckpoint (``last.ckpt`` and the best ``val/acc``) that also:
-
-    - writes every file atomically (:class:`AtomicCheckpointIO`) where the strategy saves one torch file;
-    - saves ``last.ckpt`` when SIGTERM or Ctrl-C stops training, at the step boundary where Lightning stops
-      every rank; the CLI then exits with 128 + the signal (:attr:`signum`). Ctrl-C is turned into that
-      SIGTERM; a second Ctrl-C interrupts at once;
-    - ends training with ``last.ckpt`` holding the final weights, also with ``every_n_train_steps``;
-    - resumes from a checkpoint saved in another run folder without Lightning's "dirpath has changed" warning.
+    """Lightning's ModelCheckpoint (``last.ckpt``, the best ``val/acc``) that also writes atomically, saves
+    ``last.ckpt`` when SIGTERM or Ctrl-C (turned into SIGTERM; a second one interrupts at once) stops training at
+    a step boundary (the CLI exits 128 + :attr:`signum`), ends with ``last.ckpt`` holding the final weights, and
+    resumes into a new run folder without Lightning's "dirpath has changed" warning.
 
     Args:
         atomic: Write checkpoints under a temporary name, fsync, then rename.

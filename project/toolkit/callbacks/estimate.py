@@ -20,11 +20,7 @@ EVALUATION_SHARE_OF_A_STEP = 1 / 3
 
 
 def format_duration(seconds: float) -> str:
-    """``5400`` -> ``'1 h 30 min'``, ``150`` -> ``'3 min'``, ``20`` -> ``'20 s'``.
-
-    >>> [format_duration(s) for s in (20, 150, 5400)]
-    ['20 s', '3 min', '1 h 30 min']
-    """
+    """``5400`` -> ``'1 h 30 min'``, ``150`` -> ``'3 min'``, ``20`` -> ``'20 s'``."""
     if seconds < 60:
         return f"{seconds:.0f} s"
     minutes = int(seconds / 60 + 0.5)  # half up: round() rounds 2.5 to 2

@@ -36,14 +36,7 @@ class PredictionWriter(BasePredictionWriter):
             warnings.filterwarnings("ignore", message="Couldn't infer the batch indices.*SliceBatches")
 
     def write_on_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        prediction: Any,
-        batch_indices: Sequence[int] | None,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int,
+        self, trainer: Trainer, pl_module: Any, prediction: Any, batch_indices: Any, batch: Any, batch_idx: int, *_: Any
     ) -> None:
         loader = trainer.predict_dataloaders
         if isinstance(loader, SliceBatches):

@@ -34,11 +34,8 @@ LAYOUT: dict[str, dict[str, list[str]]] = {
 }
 
 # The metrics of the HPARAMS tab, under their own group in the scalars.
-HPARAM_METRICS = (
-    "hparams/val_acc",
-    "hparams/best_val_acc",
-    "hparams/train_samples_per_second",
-    "hparams/epoch_seconds_mean",
+HPARAM_METRICS = tuple(
+    f"hparams/{k}" for k in ("val_acc", "best_val_acc", "train_samples_per_second", "epoch_seconds_mean")
 )
 
 

@@ -27,35 +27,15 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from project.toolkit.callbacks import CHECKPOINT_DEFAULTS, DEFAULT_CALLBACKS, left_out_of
 from project.toolkit.callbacks.checkpoints import Checkpoints, check_checkpoint_file, find_checkpoint
 from project.toolkit.callbacks.guards import Guards, out_of_memory_message
+from project.toolkit.cli import checks, messages
 from project.toolkit.cli.checkpoint_settings import adopt_checkpoint_settings
-from project.toolkit.cli.checks import (
-    check_batch_fits_memory,
-    check_master_port,
-    check_trainer_choices,
-    check_writable,
-    data_in_channels,
-    data_num_classes,
-    warn_cpu_oversubscription,
-)
-from project.toolkit.cli.messages import (
-    config_shape_error,
-    one_line,
-    parse_error_line,
-    project_error_within,
-    with_option_hints,
-)
 from project.toolkit.cli.process_exit import leave_gloo_process_group
 from project.toolkit.cli.run_dirs import arrange_run_folder, runs_root
 from project.toolkit.cli.run_settings import callbacks_switched_off, derive_settings
 from project.toolkit.dotted import import_object, section_args
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger, silence_known_noise
-from project.toolkit.strategies import COMMON_STRATEGIES, register_strategies
-from project.toolkit.strategies.deepspeed import (
-    check_deepspeed_choice,
-    is_deepspeed_checkpoint,
-    resolve_deepspeed_checkpoint,
-)
+from project.toolkit.strategies import COMMON_STRATEGIES, deepspeed, register_strategies
 
 log = get_logger(__name__)
 
@@ -93,7 +73,7 @@ class ProjectCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # a mistyped option: name the nearest one there is
-            raise ArgumentError(None, with_option_hints(str(err), self.option_names())) from None
+            raise ArgumentError(None, messages.with_option_hints(str(err), self.option_names())) from None
         if self.config.get("subcommand"):
             self._resolve_ckpt_path(self.config["subcommand"])
 
@@ -117,9 +97,10 @@ class ProjectCLI(LightningCLI):
         if config.ckpt_path in (None, "hpc"):
             return
         # A DeepSpeed folder: kept for a DeepSpeed run, consolidated into one file for one device.
-        config.ckpt_path = resolve_deepspeed_checkpoint(config.ckpt_path, config.trainer.get("strategy"), subcommand)
-        if not is_deepspeed_checkpoint(config.ckpt_path):
-            checkpoint = check_checkpoint_file(config.ckpt_path, num_classes=data_num_classes(config.get("data")))
+        strategy, classes = config.trainer.get("strategy"), checks.data_num_classes(config.get("data"))
+        config.ckpt_path = deepspeed.resolve_deepspeed_checkpoint(config.ckpt_path, strategy, subcommand)
+        if not deepspeed.is_deepspeed_checkpoint(config.ckpt_path):
+            checkpoint = check_checkpoint_file(config.ckpt_path, num_classes=classes)
             if checkpoint is not None:  # a file: the settings it was trained with, against the options
                 self._restore_run_options = adopt_checkpoint_settings(
                     config, config.ckpt_path, checkpoint, self.model_class, self.argv
@@ -128,20 +109,22 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         trainer = config.trainer
-        check_trainer_choices(trainer.get("strategy"), trainer.get("accelerator"), trainer.get("devices"))
-        check_deepspeed_choice(trainer.get("strategy"), trainer.get("accelerator"))
+        checks.check_trainer_choices(trainer.get("strategy"), trainer.get("accelerator"), trainer.get("devices"))
+        deepspeed.check_deepspeed_choice(trainer.get("strategy"), trainer.get("accelerator"))
         derive_settings(self.subcommand, config)
         self._restore_run_options(config)  # after LightningCLI read the checkpoint
         data = config.get("data")
         data_args = section_args(data)
         if data_args is not None and isinstance(data_args.get("image_size"), int):
-            check_batch_fits_memory(data_args.image_size, data_args.get("batch_size") or 1, data_in_channels(data))
-        warn_cpu_oversubscription(trainer.get("devices"), trainer.get("accelerator"), torch.cuda.is_available())
+            channels = checks.data_in_channels(data)
+            checks.check_batch_fits_memory(data_args.image_size, data_args.get("batch_size") or 1, channels)
+        checks.warn_cpu_oversubscription(trainer.get("devices"), trainer.get("accelerator"), torch.cuda.is_available())
         switched_off = callbacks_switched_off(config, list(DEFAULT_CALLBACKS)) | left_out_of(self.subcommand)
         for parser in self.parsers:  # the instantiated callbacks the Trainer is given
             parser.callback_keys[:] = [key for key in parser.callback_keys if key not in switched_off]
         config_filename = arrange_run_folder(self.subcommand, config)
-        check_writable(runs_root(trainer), "trainer.default_root_dir", trainer.get("default_root_dir") or os.getcwd())
+        root_dir = trainer.get("default_root_dir") or os.getcwd()
+        checks.check_writable(runs_root(trainer), "trainer.default_root_dir", root_dir)
         if config_filename:
             self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": config_filename}
 
@@ -150,7 +133,7 @@ class ProjectCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except (MisconfigurationException, ValueError, TypeError) as err:
-            raise project_error_within(err) or ProjectError(one_line(str(err))) from None
+            raise messages.project_error_within(err) or ProjectError(messages.one_line(str(err))) from None
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # An instance, not the name: Lightning refuses the name `fsdp` off CUDA, taking it for its own FSDP1.
@@ -167,7 +150,7 @@ class ProjectCLI(LightningCLI):
         self.context.created = _first_missing(log_dir) if log_dir is not None else None
         starts_the_others = hasattr(trainer.strategy.launcher, "procs") and "LOCAL_RANK" not in os.environ
         if trainer.world_size > 1 and trainer.num_nodes == 1 and starts_the_others:
-            check_master_port()
+            checks.check_master_port()
 
     before_fit = before_validate = before_test = before_predict = _before_run
 
@@ -273,6 +256,6 @@ def main(args: ArgsType = None, model: str = "", data: str = "") -> ProjectCLI:
         argv = sys.argv[1:] if args is None else list(args)
         command = [word for word in argv if word in LightningCLI.subcommands()][:1]
         help_command = " ".join(["python -m project", *command, "--help"])
-        line = config_shape_error(str(err), argv) or parse_error_line(str(err))
+        line = messages.config_shape_error(str(err), argv) or messages.parse_error_line(str(err))
         print(f"error: {line} (see {help_command})", file=sys.stderr)
         raise SystemExit(2) from None
