@@ -56,7 +56,7 @@ CHECK_BATCH_SIZE = 128
 ERROR_LINES = 8  # of a failing command's output, in the report
 DP_SINGLE = "DataParallel needs 2 or more to split a batch, so this runs as a single-device run"
 RESTORED = "Restoring states from the checkpoint path"  # Lightning's line when it resumes
-NAN_STOP = "training loss is"  # FiniteLossGuard's one-line message
+NAN_STOP = "training loss is"  # the Guards callback's one line for a non-finite loss
 
 # A check: given the path's folder and the command's output, what is wrong (None: nothing).
 Check = Callable[[Path, str], str | None]
