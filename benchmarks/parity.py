@@ -116,13 +116,14 @@ def main(argv: list[str] | None = None) -> None:
     stats = {side: summary(values) for side, values in accuracies.items()}
     plain, template = stats["plain"], stats["template"]
     within = plain["min"] <= template["mean"] <= plain["max"]
-    same_paths = accuracies["template"] == accuracies.get("template dataloader", accuracies["template"])
+    same_paths = accuracies["template"] == accuracies["template dataloader"] if len(sides) > 2 else None
     headline = (
-        f"parity: template test accuracy {100 * template['mean']:.2f} % (std {100 * template['std']:.2f}) vs "
-        f"plain loop {100 * plain['mean']:.2f} % (std {100 * plain['std']:.2f}, seeds {100 * plain['min']:.2f}-"
-        f"{100 * plain['max']:.2f} %): {'within' if within else 'OUTSIDE'} the plain loop's seed spread; "
-        f"on_device and DataLoader paths {'agree' if same_paths else 'DIFFER'} seed by seed"
-    )
+        f"parity: template ({args.precision}) test accuracy {100 * template['mean']:.2f} % (std "
+        f"{100 * template['std']:.2f}) vs plain loop {100 * plain['mean']:.2f} % (std {100 * plain['std']:.2f}, seeds "
+        f"{100 * plain['min']:.2f}-{100 * plain['max']:.2f} %): {'within' if within else 'OUTSIDE'} the plain loop's "
+        "seed spread" + ("" if same_paths is None else f"; on_device and DataLoader paths "
+                         f"{'agree' if same_paths else 'DIFFER'} seed by seed")
+    )  # fmt: skip
     header = ["side", *(f"seed {seed}" for seed in seeds), "mean", "std", "min-max"]
     rows = [
         [
