@@ -48,9 +48,24 @@ class OutputDtypes(Callback):
 
     def __init__(self) -> None:
         self.dtypes: set[torch.dtype] = set()
+        self.in_batch = False  # not the timing callback's FLOP count, a forward of its own at setup
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        pl_module.net.register_forward_hook(lambda module, inputs, output: self.dtypes.add(output.dtype))
+        def record(module: torch.nn.Module, inputs: object, output: torch.Tensor) -> None:
+            if self.in_batch:
+                self.dtypes.add(output.dtype)
+
+        pl_module.net.register_forward_hook(record)
+
+    def on_train_batch_start(self, *args: object) -> None:
+        self.in_batch = True
+
+    on_test_batch_start = on_train_batch_start
+
+    def on_train_batch_end(self, *args: object) -> None:
+        self.in_batch = False
+
+    on_test_batch_end = on_train_batch_end
 
 
 def test_bf16_mixed_fits_and_tests_on_cpu_with_finite_losses(tiny_args: list[str]) -> None:
