@@ -95,7 +95,7 @@ CASES: list[Case] = [
     ("fit", "--data.image_size=big", "data.image_size=big is not allowed; expected int"),
     ("fit", "--data.batch_size=-8", "data.batch_size=-8 is not allowed: it must be an integer >= 1"),
     ("fit", "--data.batch_size=0", "data.batch_size=0 is not allowed"),
-    ("fit", "--data.val_size=-1", "data.val_size=-1 is not allowed: it must be an integer >= 0"),
+    ("fit", "--data.val_size=-1", "data.val_size=-1 is not allowed: use a count (0: none) or a fraction below 1"),
     ("fit", "--data.val_size=100000", "data.val_size=100000 is not allowed: it must lie between 0 (no validation) and"),
     ("validate", "--data.val_size=0", "data.val_size=0 holds out no images, so there is nothing to validate"),
     ("fit", "--data.num_workers=-1", "data.num_workers=-1 is not allowed"),

@@ -13,6 +13,7 @@ import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project.__main__ import main
+from project.data import CIFAR10DataModule
 from project.model import ImageClassifier
 from project.toolkit.callbacks.progress import RichTrainingBar, rich_installed
 from tests.fixtures import ColourImages
@@ -67,7 +68,8 @@ def test_default_yaml_equals_the_code_defaults(capsys: pytest.CaptureFixture) ->
     from_file = parsed_config(capsys, f"--config={REPO / 'configs' / 'default.yaml'}")
     from_file.pop("config", None)
     assert from_file == from_code
-    assert from_code["model"]["arch"] == "mobilenet_v2" and from_code["data"]["init_args"]["image_size"] == 112
+    assert from_code["model"]["arch"] == "mobilenet_v2" and from_code["data"]["init_args"]["image_size"] is None
+    assert CIFAR10DataModule(synthetic=True).hparams.image_size == 112  # the default job's size
     assert from_code["data"]["init_args"]["batch_size"] == 256 and from_code["trainer"]["max_epochs"] == 10
 
 

@@ -93,6 +93,16 @@ def test_a_colour_data_set_fits_and_tests_and_its_checkpoint_is_refused_for_anot
     )
 
 
+def test_test_and_predict_take_the_data_set_from_the_checkpoint(tmp_path: Path) -> None:
+    args = run_args(tmp_path, GREY)
+    main(["fit", *args])
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    without_data = [arg for arg in args if not arg.startswith("--data")]
+    tested = main(["test", *without_data, f"--ckpt_path={last}"])  # no --data: the default would be CIFAR-10
+    assert type(tested.datamodule).__name__ == "GreyBars" and tested.datamodule.hparams.image_size == 16
+    assert tested.model.hparams.in_channels == 1 and "test/acc" in tested.trainer.callback_metrics
+
+
 def test_grey_images_are_the_same_through_both_input_paths() -> None:
     default, on_device = (
         attach(GreyBars(image_size=16, batch_size=8, val_size=VAL_IMAGES, num_workers=0, on_device=flag))
@@ -199,7 +209,7 @@ def test_a_data_set_class_that_the_pipelines_cannot_take_is_refused_in_one_line(
             [f"--data={GREY}", "--data.image_sise=8"],
             "error: unrecognized arguments: --data.image_sise=8; did you mean --data.image_size?",
         ),
-        ([f"--data={GREY}", "--data.image_size=big"], "error: data.image_size=big is not allowed; expected int"),
+        ([f"--data={GREY}", "--data.image_size=big"], "error: data.image_size=big is not allowed; expected int or null"),
         (
             [f"--data={__name__}.TwoChannels"],
             "error: TwoChannels.image_shape=(12, 12, 2) is not allowed: it must be (height, width, channels) "

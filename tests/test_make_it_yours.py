@@ -4,7 +4,9 @@ train and test under every strategy that runs on a CPU, and learn (far above cha
 
 - the README's code as it stands (a 1-channel data set, an ``nn.Sequential``): single device,
   ``ddp``, ``fsdp`` (sharded into 2 or more units) and ``pipeline`` (2 stages), 2 CPU processes;
-- a network that is not an ``nn.Sequential``, with the hook that names its blocks: single and ``ddp``.
+- a network that is not an ``nn.Sequential``, with the hook that names its blocks: single and ``ddp``;
+- its command exactly as written on 2,000 images (no size options: the declared shape sets the size, a tenth
+  validates), and with a wrong ``--data.data_dir``: one line.
 """
 
 from __future__ import annotations
@@ -158,3 +160,48 @@ def test_a_network_that_is_no_sequential_trains_and_tests_under(outside: Path, t
     ]
     accuracy, _ = fit_and_test(outside, [*options, *STRATEGIES[strategy]], tmp_path)
     assert accuracy >= 0.7, f"test/acc {accuracy} (chance is {1 / CLASSES})"
+
+
+@pytest.fixture(scope="module")
+def two_thousand(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's package beside ``my_data/`` of 2,000 training images: the command as written needs no size."""
+    root = tmp_path_factory.mktemp("two_thousand")
+    path, code, _ = readme_code()
+    (root / path).parent.mkdir(parents=True)
+    (root / path).write_text(code)
+    rng = np.random.default_rng(1)
+    (root / "my_data").mkdir()
+    for name, count in (("train", 2000), ("test", 200)):
+        images, labels = easy_images(count, rng)
+        np.savez(root / "my_data" / f"{name}.npz", images=images, labels=labels)
+    return root
+
+
+def as_written(root: Path, options: list[str]) -> subprocess.CompletedProcess:
+    """``python -m project fit OPTIONS`` in ``root``, nothing added but a quiet progress bar."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO)])}
+    command = [sys.executable, "-m", "project", "fit", *options, "--trainer.enable_progress_bar=false"]
+    return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_the_readme_command_runs_as_written_on_2000_images(two_thousand: Path) -> None:
+    _, _, options = readme_code()
+    done = as_written(two_thousand, options)
+    assert done.returncode == 0, done.stderr[-3000:]
+    timing = json.loads((two_thousand / "lightning_logs/version_0/timing.json").read_text())
+    assert timing["image_size"] == 16  # the declared image_shape's, not CIFAR-10's 112
+    assert "the statistics of its 1800 training images" in done.stderr  # a tenth held out for validation
+    accuracy = float(re.search(r"val/acc\D*?([01]\.\d+)", done.stdout.split("final metrics")[1]).group(1))
+    assert accuracy >= 0.7, f"val/acc {accuracy} (chance is {1 / CLASSES})"
+
+
+@pytest.mark.slow
+def test_a_wrong_data_dir_under_the_readme_example_is_one_line(two_thousand: Path) -> None:
+    _, _, options = readme_code()
+    done = as_written(two_thousand, [o.split("=")[0] + "=not_there" if "data_dir" in o else o for o in options])
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: Shapes.load_split(train=True) failed with data.data_dir=not_there: FileNotFoundError: [Errno 2] "
+        "No such file or directory: 'not_there/train.npz'"
+    )

@@ -133,10 +133,9 @@ class _DropCtrlCAsSigterm(logging.Filter):
         return not (self.checkpoints.signum == signal.SIGINT and "Received SIGTERM" in record.getMessage())
 
 
-def check_checkpoint_file(path: str | Path, num_classes: int | None = None) -> dict[str, Any] | None:
+def check_checkpoint_file(path: str | Path) -> dict[str, Any] | None:
     """A one-line :class:`ProjectError` naming ``path`` unless it is a loadable Lightning checkpoint (or a
-    sharded checkpoint folder) of a model with ``num_classes`` classes; returns the checkpoint (None for a
-    folder). The file is memory-mapped, not read."""
+    sharded checkpoint folder); returns the checkpoint (None for a folder). The file is memory-mapped, not read."""
     path = Path(path)
     if path.is_dir():
         if not (path / ".metadata").is_file() and not (path / "meta.pt").is_file():
@@ -153,12 +152,6 @@ def check_checkpoint_file(path: str | Path, num_classes: int | None = None) -> d
         ) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise ProjectError(f"--ckpt_path={path}: a torch file, but not a Lightning checkpoint (no 'state_dict')")
-    trained_for = checkpoint.get("hyper_parameters", {}).get("num_classes")
-    if num_classes is not None and trained_for is not None and trained_for != num_classes:
-        raise ProjectError(
-            f"--ckpt_path={path}: a model of {trained_for} classes, but this data has {num_classes}; "
-            "use a checkpoint trained on this data"
-        )
     return checkpoint
 
 

@@ -21,7 +21,8 @@ log = get_logger(__name__)
 
 
 class PredictionWriter(BasePredictionWriter):
-    """One row per image -- its index in the predicted data set, the predicted class index and name -- from
+    """One row per image -- its index in the predicted data set (its file too, where the data set names its
+    images: ``predict_names``), the predicted class index and name -- from
     every rank, sorted by index, in ``<trainer.log_dir>/<filename>`` (rank 0 writes). Each batch's predictions
     stay on the device until the epoch's end, so predicting never waits for it."""
 
@@ -63,11 +64,12 @@ class PredictionWriter(BasePredictionWriter):
         if trainer.global_rank != 0 or trainer.log_dir is None:
             return
         names = getattr(trainer.datamodule, "label_names", None)
+        files = getattr(trainer.datamodule, "predict_names", None)
         path = Path(trainer.log_dir) / self.filename
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(["index", "predicted", "predicted_name"])
+            writer.writerow(["index", *(["file"] if files else []), "predicted", "predicted_name"])
             for index, pred in sorted(pairs):
-                writer.writerow([index, pred, names[pred] if names else pred])
+                writer.writerow([index, *([files[index]] if files else []), pred, names[pred] if names else pred])
         log.info("Wrote %d predictions to %s", len(pairs), path)

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
+
 from project.toolkit.dotted import chosen_class, section_args
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
@@ -19,7 +21,7 @@ log = get_logger(__name__)
 
 RUN_OPTIONS = ("compile", "compile_mode", "channels_last")  # how the network runs: the value given wins
 # What makes an evaluation see data as the checkpoint's training did (where and how it is loaded stay the command's).
-DATA_SETTINGS = ("image_size", "batch_size", "val_size", "split_seed", "synthetic", "synthetic_size")
+DATA_SETTINGS = ("image_size", "channels", "batch_size", "val_size", "split_seed", "synthetic", "synthetic_size")
 
 
 def _defaults(cls: Any) -> dict[str, Any]:
@@ -56,6 +58,29 @@ def command_line_keys(argv: list[str], section: str) -> set[str]:
 
 def _pairs(prefix: str, values: dict[str, Any], keys: list[str]) -> str:
     return ", ".join(f"{prefix}.{key}={values[key]}" for key in keys)
+
+
+def adopt_data_set(config: Any, ckpt_path: str | Path, checkpoint: dict[str, Any], argv: list[str]) -> None:
+    """The checkpoint's data set class and options in ``config``, unless ``--data=`` chooses one on the command
+    line: ``test`` and ``predict`` see the data the model was trained on, as they take its network."""
+    saved = dict(checkpoint.get("datamodule_hyper_parameters") or {})
+    class_path, data = saved.pop("_class_path", None), config.get("data")
+    chosen = any(word.partition("=")[0] in ("--data", "--data.class_path") for word in argv)
+    if class_path is None or chosen or data is None or data.get("class_path") == class_path:
+        return
+    init_args = Namespace(**{key: value for key, value in saved.items() if not key.startswith("_")})
+    config.data = Namespace(class_path=class_path, init_args=init_args)
+    log.info("--ckpt_path=%s: its data set, %s (--data=... evaluates on another)", ckpt_path, class_path)
+
+
+def check_classes(ckpt_path: str | Path, checkpoint: dict[str, Any], num_classes: int | None) -> None:
+    """Refuse a checkpoint of a model trained for another number of classes than the data set has."""
+    trained_for = checkpoint.get("hyper_parameters", {}).get("num_classes")
+    if num_classes is not None and trained_for is not None and trained_for != num_classes:
+        raise ProjectError(
+            f"--ckpt_path={ckpt_path}: a model of {trained_for} classes, but this data has {num_classes}; "
+            "use a checkpoint trained on this data"
+        )
 
 
 def adopt_checkpoint_settings(

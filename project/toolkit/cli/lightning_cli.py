@@ -28,7 +28,7 @@ from project.toolkit.callbacks import CHECKPOINT_DEFAULTS, DEFAULT_CALLBACKS, le
 from project.toolkit.callbacks.checkpoints import Checkpoints, check_checkpoint_file, find_checkpoint
 from project.toolkit.callbacks.guards import Guards, out_of_memory_message
 from project.toolkit.cli import checks, messages
-from project.toolkit.cli.checkpoint_settings import adopt_checkpoint_settings
+from project.toolkit.cli.checkpoint_settings import adopt_checkpoint_settings, adopt_data_set, check_classes
 from project.toolkit.cli.process_exit import leave_gloo_process_group
 from project.toolkit.cli.run_dirs import arrange_run_folder, runs_root
 from project.toolkit.cli.run_settings import callbacks_switched_off, derive_settings
@@ -97,11 +97,13 @@ class ProjectCLI(LightningCLI):
         if config.ckpt_path in (None, "hpc"):
             return
         # A DeepSpeed folder: kept for a DeepSpeed run, consolidated into one file for one device.
-        strategy, classes = config.trainer.get("strategy"), checks.data_num_classes(config.get("data"))
+        strategy = config.trainer.get("strategy")
         config.ckpt_path = deepspeed.resolve_deepspeed_checkpoint(config.ckpt_path, strategy, subcommand)
         if not deepspeed.is_deepspeed_checkpoint(config.ckpt_path):
-            checkpoint = check_checkpoint_file(config.ckpt_path, num_classes=classes)
-            if checkpoint is not None:  # a file: the settings it was trained with, against the options
+            checkpoint = check_checkpoint_file(config.ckpt_path)
+            if checkpoint is not None:  # a file: the data set and settings it was trained with, against the options
+                adopt_data_set(config, config.ckpt_path, checkpoint, self.argv)
+                check_classes(config.ckpt_path, checkpoint, checks.data_num_classes(config.get("data")))
                 self._restore_run_options = adopt_checkpoint_settings(
                     config, config.ckpt_path, checkpoint, self.model_class, self.argv
                 )
@@ -250,7 +252,7 @@ def main(args: ArgsType = None, model: str = "", data: str = "") -> ProjectCLI:
     except ProjectError as err:
         # Every process of a multi-process run meets the same bad input: one line per machine is enough.
         if os.environ.get("LOCAL_RANK", "0") == "0":
-            print(f"error: {err}", file=sys.stderr)
+            print(f"error: {messages.worker_error_line(str(err))}", file=sys.stderr)
         raise SystemExit(2) from None
     except ArgumentError as err:
         argv = sys.argv[1:] if args is None else list(args)

@@ -106,6 +106,14 @@ def init_parameters(cls: type) -> list[str]:
     return list(dict.fromkeys(p.name for ps in inits for p in ps if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)))
 
 
+def worker_error_line(message: str) -> str:
+    """The message of an error a DataLoader worker raised, which the DataLoader wraps in the worker's traceback:
+    its last line, without the exception's name; other messages as they are."""
+    if "Original Traceback" not in message:
+        return message
+    return message.rstrip().splitlines()[-1].partition(": ")[2]
+
+
 def one_line(message: str) -> str:
     """``message`` with its line breaks and indentation folded into single spaces."""
     return re.sub(r"\s*\n\s*", " ", message.strip())

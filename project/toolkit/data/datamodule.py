@@ -1,6 +1,7 @@
-"""A LightningDataModule for any image classification set held in memory as uint8 arrays: the global batch split
-across processes, training reproducible whatever the workers and resumable mid-epoch, evaluation of every image
-once, augmentation on the device or in DataLoader workers (:mod:`project.toolkit.data.input_path`)."""
+"""A LightningDataModule for any image classification set of uint8 images, held in memory as arrays or decoded
+from files in DataLoader workers: the global batch split across processes, training reproducible whatever the
+workers and resumable mid-epoch, evaluation of every image once, augmentation on the device or in the workers
+(:mod:`project.toolkit.data.input_path`)."""
 
 from __future__ import annotations
 
@@ -29,19 +30,24 @@ from project.toolkit.log import get_logger
 
 log = get_logger(__name__)
 
+STATS_SAMPLE = 1000  # training images decoded to measure the normalisation of a data set of files
+
 
 class ImageArrayDataModule(LightningDataModule):
-    """An image classification set held in memory as uint8 ``(N, H, W, C)`` arrays.
+    """An image classification set of uint8 ``(N, H, W, C)`` images: an array, or a sequence of files decoded
+    on demand (an object with ``shape``, ``dtype``, ``subset(indices)`` and items as arrays).
 
     A subclass sets ``num_classes``, ``image_shape`` (``mean``/``std`` if known) and :meth:`load_split`.
 
     Args:
         data_dir: Folder that holds (or will hold) the data set's files.
         download: Download the data set if its files are missing.
-        image_size: Side of the square images fed to the model (the images are resized to it).
+        image_size: Side of the square images fed to the model (the images are resized to it); null: the data
+            set's ``default_image_size`` (CIFAR-10: 112) or else the side of its declared ``image_shape``.
         batch_size: GLOBAL batch size: each of the run's N processes loads ``batch_size / N``.
         num_workers: DataLoader workers per process; ``auto``: none on a CPU run, ``min(4, CPUs per process)`` else.
-        val_size: Training images held out (seeded) for validation; 0 trains on every image, without validation.
+        val_size: Training images held out (seeded) for validation: a count, or a fraction below 1; 0 trains on
+            every image, without validation. Ignored where the data set has validation files of its own.
         synthetic: Use random images and labels instead of files: no disk, no network.
         synthetic_size: Training-set size of the synthetic data (its test set is a fifth of it).
         split_seed: Seed of the validation split and the synthetic data, apart from the training seed.
@@ -52,6 +58,7 @@ class ImageArrayDataModule(LightningDataModule):
     image_shape: tuple[int, int, int]  # (height, width, channels) of one image as load_split gives it; channels 1 or 3
     mean: tuple[float, ...] | None = None  # per channel, 0-1 scale; None: measured in setup from the training split
     std: tuple[float, ...] | None = None
+    default_image_size: int | None = None  # the image_size when the option is null; None: image_shape's side
 
     @property
     def in_channels(self) -> int:
@@ -62,27 +69,30 @@ class ImageArrayDataModule(LightningDataModule):
         self,
         data_dir: str = "data",
         download: bool = True,
-        image_size: int = 112,
+        image_size: int | None = None,
         batch_size: int = 256,
         num_workers: int | Literal["auto"] = AUTO,
-        val_size: int = 5000,
+        val_size: int | float = 0.1,
         synthetic: bool = False,
         synthetic_size: int = 50_000,
         split_seed: int = 0,
         on_device: bool | Literal["auto"] = AUTO,
     ) -> None:
         super().__init__()
-        self.channel_stats: ChannelStats | None = check_declarations(type(self))  # None: measured in setup
+        self.channel_stats: ChannelStats | None = check_declarations(self)  # None: measured in setup
         if num_workers is None:  # accepted for auto (in older configs and checkpoints)
             num_workers = AUTO
+        if image_size is None:
+            image_size = self.default_image_size or max(self.image_shape[:2])
         for name, value, low in (
             ("image_size", image_size, 1),
             ("batch_size", batch_size, 1),
-            ("val_size", val_size, 0),  # 0: train on every image, no validation
             ("synthetic_size", synthetic_size, 2),
         ):
             if value < low:
                 raise DataError(f"data.{name}={value} is not allowed: it must be an integer >= {low}")
+        if not (val_size >= 1 and float(val_size).is_integer() or 0 <= val_size < 1):
+            raise DataError(f"data.val_size={val_size} is not allowed: use a count (0: none) or a fraction below 1")
         if num_workers != AUTO and not (isinstance(num_workers, int) and num_workers >= 0):
             raise DataError(f"data.num_workers={num_workers} is not allowed: use an integer >= 0, or auto")
         if on_device not in (True, False, AUTO):
@@ -90,6 +100,7 @@ class ImageArrayDataModule(LightningDataModule):
         if on_device is True and num_workers != AUTO and num_workers > 0:
             log.warning("data.num_workers=%d is ignored: data.on_device=true needs no workers", num_workers)
         self.save_hyperparameters()
+        self.hparams["image_size"] = image_size  # resolved: what the run trains at, as checkpoints record it
         self.data_dir = Path(data_dir)
         self.label_names: list[str] = [str(i) for i in range(self.num_classes)]
         self._datasets: dict[str, ImageArrayDataset] = {}
@@ -103,6 +114,11 @@ class ImageArrayDataModule(LightningDataModule):
         """The training (``train=True``) or test images and labels: uint8 ``(N, *image_shape)`` and integers in
         ``0..num_classes - 1``. Runs on every process; may set ``self.label_names``."""
         raise NotImplementedError(f"{type(self).__name__} must define load_split: how to read its images")
+
+    def load_val_split(self) -> tuple[Any, np.ndarray] | None:
+        """The validation images and labels where the data set has its own; None: ``val_size`` of the training
+        images are held out."""
+        return None
 
     def prepare_data(self) -> None:
         if not self.hparams.synthetic:
@@ -134,10 +150,14 @@ class ImageArrayDataModule(LightningDataModule):
         size = self.hparams.image_size
         if stage in ("fit", "validate") and "train" not in self._datasets:
             images, labels = self._load(train=True)
-            train, val = self._split(len(images))
+            own_val = None if self.hparams.synthetic else self.load_val_split()
+            train, val = self._split(len(images)) if own_val is None else (np.arange(len(images)), None)
             mean, std = self._normalisation_stats(images, train)
-            self._datasets["train"] = AugmentedImages(images[train], labels[train], size, mean, std)
-            self._datasets["val"] = ImageArrayDataset(images[val], labels[val], self._evaluation_transform())
+            self._datasets["train"] = AugmentedImages(_take(images, train), labels[train], size, mean, std)
+            if own_val is not None:
+                images, labels = self._checked(*own_val, where=f"{type(self).__name__}.load_val_split()")
+                val = np.arange(len(images))
+            self._datasets["val"] = ImageArrayDataset(_take(images, val), labels[val], self._evaluation_transform())
         if stage in ("test", "predict") and "test" not in self._datasets:
             if self.channel_stats is None:  # the statistics the model was trained with: the training split's
                 images, _ = self._load(train=True)
@@ -152,11 +172,20 @@ class ImageArrayDataModule(LightningDataModule):
             # Lightning's advice for more workers: auto chose none on a CPU, where they would slow the step.
             warnings.filterwarnings("ignore", message=r"The '\w+_dataloader' does not have many workers")
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the data (Lightning saves it): the normalisation and the class names, which
+        ``export`` builds into the exported graph and ``predict`` names its classes by."""
+        stats = self.channel_stats
+        return {"mean": stats and list(stats.mean), "std": stats and list(stats.std), "label_names": self.label_names}
+
     def _choose_input_path(self, splits: tuple[str, ...]) -> InputPath:
         held = {*splits, *self._on_device}
         size = sum(self._datasets[s].images.nbytes + self._datasets[s].labels.nbytes for s in held)
-        machine, trainer = machine_of(self.trainer), self.trainer is not None
-        return choose_input_path(self.hparams.on_device, self.hparams.num_workers, size, machine, trainer)
+        machine, trainer, on_device = machine_of(self.trainer), self.trainer is not None, self.hparams.on_device
+        files = any(not isinstance(self._datasets[s].images, np.ndarray) for s in held)
+        if files and on_device is True:
+            raise DataError(f"data.on_device=true needs the images in memory; {type(self).__name__} reads files")
+        return choose_input_path(on_device, self.hparams.num_workers, size, machine, trainer, from_files=files)
 
     @property
     def input_path(self) -> InputPath:
@@ -170,23 +199,26 @@ class ImageArrayDataModule(LightningDataModule):
 
     def _split(self, count: int) -> tuple[np.ndarray, np.ndarray]:
         """``(training, validation)`` indices of the ``count`` training images: the seeded hold-out."""
-        if not 0 <= self.hparams.val_size < count:
+        val_size = self.hparams.val_size
+        held = int(val_size) if val_size >= 1 else max(1, round(val_size * count)) if val_size else 0
+        if not held < count:
             raise DataError(
-                f"data.val_size={self.hparams.val_size} is not allowed: it must lie between 0 (no validation) "
-                f"and {count - 1} (the data set has {count} training images)"
+                f"data.val_size={val_size} is not allowed: it must lie between 0 (no validation) "
+                f"and {count - 1} (the data set has {count} training images), or be a fraction below 1"
             )
         order = np.random.default_rng(self.hparams.split_seed).permutation(count)
-        return order[self.hparams.val_size :], order[: self.hparams.val_size]
+        return order[held:], order[:held]
 
     def _normalisation_stats(self, images: np.ndarray, train: np.ndarray) -> ChannelStats:
         """The declared statistics, else measured once on ``images[train]`` (the same on every rank)."""
-        if self.channel_stats is None:
-            self.channel_stats = measure_channel_stats(images, train)
+        if self.channel_stats is None:  # of files: on a sample (``train`` is in random order)
+            sample = train if isinstance(images, np.ndarray) else train[:STATS_SAMPLE]
+            self.channel_stats = measure_channel_stats(images, sample)
             log.info(
                 "%s normalises with the statistics of its %d training images: mean=%s std=%s "
                 "(declare them as the class's mean and std to skip measuring)",
                 type(self).__name__,
-                len(train),
+                len(sample),
                 [round(v, 4) for v in self.channel_stats.mean],
                 [round(v, 4) for v in self.channel_stats.std],
             )
@@ -211,14 +243,18 @@ class ImageArrayDataModule(LightningDataModule):
             rng = np.random.default_rng([self.hparams.split_seed, int(train)])
             images = rng.integers(0, 256, (count, *self.image_shape), dtype=np.uint8)
             return images, rng.integers(0, self.num_classes, count)
-        return self._checked(*self.load_split(train), where=f"{type(self).__name__}.load_split(train={train})")
+        where = f"{type(self).__name__}.load_split(train={train})"
+        try:
+            return self._checked(*self.load_split(train), where=where)
+        except (OSError, ValueError, KeyError, EOFError) as err:  # reading the user's files: say which, and where
+            raise DataError(f"{where} failed with data.data_dir={self.data_dir}: {type(err).__name__}: {err}") from None
 
     def _checked(self, images: Any, labels: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
         """The arrays a data set gave, refused (naming it) unless uint8 ``(N, *image_shape)`` (grey ones may come
         ``(N, H, W)``) with integer labels in range: the metrics do not check labels every batch."""
         if isinstance(images, np.ndarray) and images.ndim == 3 and self.image_shape[2] == 1:
             images = images[..., None]  # a view: grey images with their one channel made explicit
-        if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.shape[1:] == self.image_shape):
+        if not (getattr(images, "dtype", None) == np.uint8 and tuple(images.shape[1:]) == tuple(self.image_shape)):
             shape = ", ".join(map(str, self.image_shape))
             found = f"{getattr(images, 'dtype', type(images).__name__)} of shape {getattr(images, 'shape', None)}"
             raise DataError(f"{where}: images must be uint8 of shape (N, {shape}); found {found}")
@@ -232,6 +268,11 @@ class ImageArrayDataModule(LightningDataModule):
                 f"{where}: labels must lie in 0..{self.num_classes - 1}; found {labels.min()}..{labels.max()}"
             )
         return images, labels.astype(np.int64, copy=False)
+
+    @property
+    def predict_names(self) -> list[str] | None:
+        """The names of the images ``predict`` sees, by index (files' names), where the data set has them."""
+        return getattr(self._datasets["test"].images, "names", None) if "test" in self._datasets else None
 
     def _loader(self, split: str, train: bool = False, predict: bool = False) -> DataLoader | KeyBatches | SliceBatches:
         dataset: Dataset = self._datasets[split]
@@ -296,6 +337,11 @@ class ImageArrayDataModule(LightningDataModule):
             images, labels = self._on_device["test" if self.trainer.testing or self.trainer.predicting else "val"]
             batch = to_model_input(rows_of(images, batch), size, mean, std), labels[batch]
         return self.trainer.precision_plugin.convert_input(batch)
+
+
+def _take(images: Any, indices: np.ndarray) -> Any:
+    """``images[indices]``: rows of an array, or a subset of files (not decoded)."""
+    return images[indices] if isinstance(images, np.ndarray) else images.subset(indices)
 
 
 def image_channels(trainer: Any) -> int:

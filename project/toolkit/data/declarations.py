@@ -11,9 +11,10 @@ from project.toolkit.errors import DataError
 CHANNELS = (1, 3)  # grey or colour: what the networks' first convolution and the pipelines are built for
 
 
-def check_declarations(cls: type) -> ChannelStats | None:
-    """Refuse a data set class whose declarations the pipelines cannot take; its declared statistics, or None."""
-    owner = cls.__name__
+def check_declarations(cls: type | object) -> ChannelStats | None:
+    """Refuse a data set (class or instance) whose declarations the pipelines cannot take; its declared
+    statistics, or None."""
+    owner = cls.__name__ if isinstance(cls, type) else type(cls).__name__
     num_classes = getattr(cls, "num_classes", None)
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:
         raise DataError(f"{owner}.num_classes={num_classes!r} is not allowed: it must be an integer >= 2")

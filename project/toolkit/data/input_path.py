@@ -35,6 +35,7 @@ class InputPath:
     on_device: bool
     num_workers: int
     reason: str
+    from_files: bool = False  # images decoded from files, which stay off the device
 
     @property
     def name(self) -> str:
@@ -48,9 +49,14 @@ def choose_input_path(
     dataset_bytes: int,
     machine: Machine,
     in_trainer: bool = True,
+    from_files: bool = False,
 ) -> InputPath:
     """The input path for ``dataset_bytes`` of images on ``machine`` given the two options (an explicit value
-    wins over ``auto``); ``in_trainer=False``: no Trainer would turn the on-device index batches into images."""
+    wins over ``auto``); ``in_trainer=False``: no Trainer would turn the on-device index batches into images;
+    ``from_files``: the images are decoded from files in the workers, never kept on the device."""
+    if from_files:
+        workers, why = _workers(num_workers, machine)
+        return InputPath(False, workers, f"images decoded from files; {why}", from_files=True)
     if on_device is True:
         return InputPath(True, 0, "data.on_device=true")
     if on_device is not False and num_workers != AUTO:
@@ -112,6 +118,8 @@ def data_wait_advice(fraction: float | None, path: InputPath, machine: Machine) 
             f"{said}; a smaller --data.image_size resizes less, or --data.on_device=false "
             "--data.num_workers=N augments in worker processes"
         )
+    if path.from_files:
+        return f"{said}; more --data.num_workers decode more files at once, a smaller --data.image_size resizes less"
     if machine.device == "cpu":
         return f"{said}; try --data.on_device=true: the data set in memory, augmented in batches"
     hint = f"{said}; try --data.on_device=true (the data set on the {machine.device} device, if it fits)"

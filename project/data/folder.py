@@ -1,0 +1,154 @@
+"""A folder of images as a data set: ``DIR/train/<class>/*.{jpg,jpeg,png}``, and optionally ``DIR/val/`` and
+``DIR/test/`` with the same class folders. Files are decoded (Pillow) in the DataLoader workers when a batch needs them,
+never all held in memory: each is resized (shorter side) and centre-cropped to ``image_size``, then augmented as
+any data set is (random crop of the zero-padded image, horizontal flip).
+
+``python -m project fit --data=project.data.ImageFolderDataModule --data.data_dir=DIR``
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision.transforms.v2 import functional as F
+
+from project.toolkit.data.datamodule import ImageArrayDataModule
+from project.toolkit.errors import DataError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+class ImageFiles:
+    """Image files read as a uint8 array ``(N, size, size, channels)``: an item is decoded when it is read, so a
+    worker holds only its batch. ``subset`` takes files without decoding them."""
+
+    dtype = np.dtype(np.uint8)
+
+    def __init__(self, paths: Sequence[Path], size: int, channels: int, root: Path) -> None:
+        self.paths, self.size, self.channels, self.root = list(paths), size, channels, root
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return len(self.paths), self.size, self.size, self.channels
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of all images decoded (what holding them in memory would take)."""
+        return int(np.prod(self.shape))
+
+    @property
+    def names(self) -> list[str]:
+        """The files, relative to the data set's folder."""
+        return [str(path.relative_to(self.root)) for path in self.paths]
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> ImageFiles:
+        return ImageFiles([self.paths[i] for i in indices], self.size, self.channels, self.root)
+
+    def __getitem__(self, index: int | slice | np.ndarray) -> np.ndarray:
+        if isinstance(index, (int, np.integer)):
+            return self.decode(self.paths[index])
+        paths = self.paths[index] if isinstance(index, slice) else [self.paths[i] for i in index]
+        return np.stack([self.decode(path) for path in paths]) if paths else np.zeros((0, *self.shape[1:]), np.uint8)
+
+    def decode(self, path: Path) -> np.ndarray:
+        """One file as ``(size, size, channels)`` uint8: grey or colour as asked, shorter side resized, centre crop."""
+        try:
+            with Image.open(path) as file:
+                pixels = np.array(file.convert("L" if self.channels == 1 else "RGB"))
+        except (OSError, ValueError) as err:
+            reason = "not a readable JPEG or PNG file" if isinstance(err, Image.UnidentifiedImageError) else err
+            raise DataError(f"{path} cannot be read as an image ({reason}); remove it or replace it") from None
+        image = torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1)).permute(2, 0, 1)
+        image = F.center_crop(F.resize(image, self.size, antialias=True), [self.size, self.size])
+        return image.permute(1, 2, 0).numpy()
+
+
+def scan_split(folder: Path, classes: list[str] | None = None) -> tuple[list[Path], np.ndarray, list[str]]:
+    """The image files of one split, their labels (class folders in sorted order) and the class names; refused
+    in one line if the folder is missing or empty, a class has no images, or the classes differ from ``classes``."""
+    if not folder.is_dir():
+        raise DataError(f"{folder} is not a folder; a split is a folder of class folders of .jpg/.jpeg/.png files")
+    class_folders = sorted(path for path in folder.iterdir() if path.is_dir() and not path.name.startswith("."))
+    names = [path.name for path in class_folders]
+    if not names:
+        raise DataError(f"{folder} has no class folders: put each class's images in {folder}/<class name>/")
+    if classes is not None and names != classes:
+        extra, missing = sorted(set(names) - set(classes)), sorted(set(classes) - set(names))
+        raise DataError(
+            f"{folder} has other classes than the training split: only here {extra or 'none'}, "
+            f"missing here {missing or 'none'}; every split needs the same class folders"
+        )
+    files, labels = [], []
+    for label, class_folder in enumerate(class_folders):
+        found = sorted(p for p in class_folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        if not found:
+            raise DataError(f"class folder {class_folder} has no images ({', '.join(IMAGE_SUFFIXES)})")
+        files += found
+        labels += [label] * len(found)
+    return files, np.asarray(labels, dtype=np.int64), names
+
+
+class ImageFolderDataModule(ImageArrayDataModule):
+    """Images in class folders: ``data_dir/train/<class>/*.{jpg,jpeg,png}``, validation from ``data_dir/val/``
+    if there is one (else ``val_size`` of the training images), test and predict from ``data_dir/test/``. The
+    other options are the generic data module's.
+
+    Args:
+        data_dir: The data set's folder, holding ``train/`` (and optionally ``val/``, ``test/``).
+        image_size: Side of the square images the files are resized and centre-cropped to; null: 112.
+        channels: 3: colour (grey files are repeated to three channels); 1: grey (colour files are converted).
+        mean: Per-channel mean on the 0-1 scale; null: measured on up to 1,000 training images.
+        std: Per-channel standard deviation on the 0-1 scale; null: measured with the mean.
+        val_folder: The validation split's folder under ``data_dir``, used where it exists.
+        test_folder: The folder under ``data_dir`` that ``test`` and ``predict`` read.
+    """
+
+    default_image_size = 112
+
+    def __init__(
+        self,
+        data_dir: str = "data",
+        *,
+        image_size: int | None = None,
+        channels: Literal[1, 3] = 3,
+        mean: list[float] | None = None,
+        std: list[float] | None = None,
+        val_folder: str = "val",
+        test_folder: str = "test",
+        **kwargs: Any,
+    ) -> None:
+        root = Path(data_dir)
+        if not root.is_dir():
+            raise DataError(f"data.data_dir={data_dir} is not a folder; it must hold train/<class>/*.jpg|png")
+        self.files, self.labels, names = scan_split(root / "train")
+        size = self.default_image_size if image_size is None else image_size
+        self.num_classes, self.image_shape = len(names), (size, size, channels)
+        self.mean, self.std = mean, std  # checked (and None: measured) by the generic data module
+        super().__init__(data_dir=data_dir, image_size=size, **kwargs)
+        self.label_names = names
+
+    def _split_files(self, folder: str) -> tuple[ImageFiles, np.ndarray]:
+        path = self.data_dir / folder
+        files, labels, _ = scan_split(path, self.label_names)
+        return ImageFiles(files, self.hparams.image_size, self.in_channels, self.data_dir), labels
+
+    def load_split(self, train: bool) -> tuple[ImageFiles, np.ndarray]:
+        if train:
+            return ImageFiles(self.files, self.hparams.image_size, self.in_channels, self.data_dir), self.labels
+        if not (self.data_dir / self.hparams.test_folder).is_dir():
+            raise DataError(
+                f"{self.data_dir / self.hparams.test_folder} does not exist: test and predict read "
+                f"data.test_folder={self.hparams.test_folder} under data.data_dir={self.data_dir}"
+            )
+        return self._split_files(self.hparams.test_folder)
+
+    def load_val_split(self) -> tuple[ImageFiles, np.ndarray] | None:
+        return self._split_files(self.hparams.val_folder) if (self.data_dir / self.hparams.val_folder).is_dir() else None
