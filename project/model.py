@@ -24,7 +24,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torch.nn import functional as F
 
-from project.nets import build_network, network_blocks
+from project.nets import build_network, classifier_head, network_blocks
 from project.toolkit.errors import ProjectError
 from project.toolkit.training import SampleMean, WarmupCosine, fusable
 
@@ -37,6 +37,12 @@ class ImageClassifier(LightningModule):
             function returning an nn.Module, called with ``num_classes`` and ``in_channels`` (see project/nets.py).
         num_classes: Number of output classes; the CLI links it from the data module.
         in_channels: Channels of an input image (1 or 3); the CLI links it from the data module.
+        weights: Pretrained weights, null: random initialisation. A torchvision weight name of ``arch`` (``DEFAULT``,
+            ``IMAGENET1K_V1``, ...; downloaded once into torch.hub's cache) or, for any ``arch``, a state-dict file
+            (``torch.save(net.state_dict(), path)``). A head of another size is replaced by a fresh one of
+            ``num_classes``. Read to build the network only: with ``--ckpt_path`` the checkpoint's weights count.
+        freeze_backbone: Train the classifier's last layer alone (see project/nets.py): every other parameter is
+            frozen and every BatchNorm layer kept in eval mode, its running statistics unchanged. Not with pipeline.
         lr: Peak learning rate of SGD, reached after the warm-up (0.1 suits global batch 256).
         momentum: SGD momentum.
         nesterov: Use Nesterov momentum.
@@ -62,6 +68,8 @@ class ImageClassifier(LightningModule):
         arch: str = "mobilenet_v2",
         num_classes: int = 10,
         in_channels: int = 3,
+        weights: str | None = None,
+        freeze_backbone: bool = False,
         lr: float = 0.1,
         momentum: float = 0.9,
         nesterov: bool = True,
@@ -78,7 +86,14 @@ class ImageClassifier(LightningModule):
         _check_optimizer_options(lr, momentum, nesterov, weight_decay, label_smoothing, warmup_epochs)
         self.save_hyperparameters()
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
-        self.net = build_network(arch, num_classes, in_channels)
+        self.net = build_network(arch, num_classes, in_channels, weights)
+        if freeze_backbone and (head := classifier_head(self.net)) is None:
+            raise ProjectError(
+                f"model.freeze_backbone=true needs a classifier head (nn.Linear); model.arch={arch} has none"
+            )
+        if freeze_backbone:
+            self.net.requires_grad_(False)
+            head[1].requires_grad_(True)
         if channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
@@ -90,6 +105,18 @@ class ImageClassifier(LightningModule):
         self.val_loss = SampleMean()
         self.test_loss = SampleMean()
         self._compiled = False
+
+    def train(self, mode: bool = True) -> ImageClassifier:
+        """With ``freeze_backbone`` the BatchNorm layers stay in eval mode: their statistics stay the weights' own."""
+        super().train(mode)
+        for module in self.net.modules() if mode and self.hparams.get("freeze_backbone") else ():
+            if getattr(module, "track_running_stats", False):
+                module.eval()
+        return self
+
+    def on_train_epoch_start(self) -> None:
+        if self.hparams.freeze_backbone:
+            self.train()  # Lightning does not call train() as training starts
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net(self.prepare_images(images))
@@ -175,13 +202,14 @@ class ImageClassifier(LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         # Under a sharding strategy these are the sharded parameters already, so each rank's
-        # optimizer keeps state for its own shard only.
+        # optimizer keeps state for its own shard only. Frozen ones (freeze_backbone) are left out.
+        parameters = [p for p in self.parameters() if p.requires_grad]
         if self.optimizer_factory is not None:
-            optimizer = self.optimizer_factory(self.parameters())
+            optimizer = self.optimizer_factory(parameters)
         else:
             sgd = {"lr": hp.lr, "momentum": hp.momentum, "nesterov": hp.nesterov, "weight_decay": hp.weight_decay}
             # fused: one kernel launch for every parameter's update, where they all sit on one CUDA device
-            optimizer = torch.optim.SGD(self.parameters(), **sgd, fused=fusable(self.parameters()) or None)
+            optimizer = torch.optim.SGD(parameters, **sgd, fused=fusable(parameters) or None)
         if self.scheduler_factory is not None:
             return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}  # once per epoch
         total_steps = int(self.trainer.estimated_stepping_batches)

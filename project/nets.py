@@ -1,4 +1,5 @@
-"""The networks: a torchvision classifier by name, or your own by dotted path, without pretrained weights.
+"""The networks: a torchvision classifier by name, or your own by dotted path, randomly initialised or from
+pretrained weights (``--model.weights``: a torchvision weight name, or a state-dict file).
 
 ``--model.arch`` takes either
 - a torchvision builder name (``mobilenet_v2``, ``resnet50``, ...; ``available_archs()`` lists them), or
@@ -19,6 +20,7 @@ from torchvision.models import MobileNetV2, ResNet
 from project.toolkit.dotted import import_object
 from project.toolkit.errors import ProjectError
 from project.toolkit.strategies.blocks import default_blocks
+from project.toolkit.weights import load_weights
 
 
 def available_archs() -> list[str]:
@@ -30,8 +32,10 @@ def available_archs() -> list[str]:
     return torchvision.models.list_models(module=torchvision.models)
 
 
-def build_network(arch: str, num_classes: int, in_channels: int = 3) -> nn.Module:
-    """A randomly initialised classifier with ``num_classes`` outputs for ``in_channels``-channel images.
+def build_network(arch: str, num_classes: int, in_channels: int = 3, weights: str | None = None) -> nn.Module:
+    """A classifier with ``num_classes`` outputs for ``in_channels``-channel images: randomly initialised, or from
+    ``weights`` (a torchvision weight name or a state-dict file; a head of another size is left fresh: see
+    :func:`project.toolkit.weights.load_weights`).
 
     >>> net = build_network("mobilenet_v2", num_classes=10)
     >>> net.classifier[-1].out_features
@@ -44,15 +48,26 @@ def build_network(arch: str, num_classes: int, in_channels: int = 3) -> nn.Modul
     if in_channels < 1:
         raise ProjectError(f"model.in_channels={in_channels} is not allowed: it must be an integer >= 1")
     if "." in arch:
-        return _build_from_path(arch, num_classes, in_channels)
-    choices = available_archs()
-    if arch not in choices:
+        net = _build_from_path(arch, num_classes, in_channels)
+    elif arch not in (choices := available_archs()):
         raise ProjectError(
             f"model.arch={arch!r} is neither a torchvision classification model nor package.module.name; "
             f"torchvision's are: {', '.join(choices)}"
         )
-    net = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
-    return net if in_channels == 3 else _with_input_channels(net, in_channels)
+    else:
+        net = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+        net = net if in_channels == 3 else _with_input_channels(net, in_channels)
+    if weights is not None:
+        head = classifier_head(net)
+        load_weights(net, weights, arch, head=head[0] if head else None)
+    return net
+
+
+def classifier_head(net: nn.Module) -> tuple[str, nn.Linear] | None:
+    """The classifier's last layer, ``(name, layer)``, which ``--model.weights`` replaces where its size differs and
+    ``--model.freeze_backbone`` trains alone: the last ``nn.Linear`` in the module tree (ResNet's ``fc``, MobileNetV2's
+    ``classifier[-1]``); None where there is none. Another network: add a branch here."""
+    return next(((n, m) for n, m in reversed(list(net.named_modules())) if isinstance(m, nn.Linear)), None)
 
 
 def _build_from_path(path: str, num_classes: int, in_channels: int) -> nn.Module:

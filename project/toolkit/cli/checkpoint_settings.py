@@ -1,7 +1,8 @@
 """The settings a checkpoint was trained with, against the options of the command using it (``--ckpt_path``).
 LightningCLI silently overrides the model options given with the checkpoint's and leaves the data settings alone.
 Here a model setting given that disagrees is refused (:data:`RUN_OPTIONS` aside), a data setting given is kept with
-a warning, and a setting left at its default is taken from the checkpoint.
+a warning, and a setting left at its default is taken from the checkpoint. :data:`BUILD_OPTIONS` are dropped: the
+checkpoint holds the weights they would load.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from project.toolkit.log import get_logger
 log = get_logger(__name__)
 
 RUN_OPTIONS = ("compile", "compile_mode", "channels_last")  # how the network runs: the value given wins
+BUILD_OPTIONS = ("weights",)  # what the network starts from: null with a checkpoint (no longer read, may be gone)
 # What makes an evaluation see data as the checkpoint's training did (where and how it is loaded stay the command's).
 DATA_SETTINGS = ("image_size", "channels", "batch_size", "val_size", "split_seed", "synthetic", "synthetic_size")
 
@@ -101,7 +103,7 @@ def adopt_checkpoint_settings(
             f"{_pairs('--model', model_args, conflicts)} was given; leave the option out to use the checkpoint's, "
             "or pass a checkpoint trained with it"
         )
-    notes = _pairs("model", saved_model, adopted)
+    notes = _pairs("model", saved_model, [key for key in adopted if key not in BUILD_OPTIONS])
 
     data_config = config.get("data")
     data_args, data_cls = _section(data_config, None)
@@ -124,5 +126,8 @@ def adopt_checkpoint_settings(
         args, _ = _section(applied.get("model"), model_class)
         for key, value in kept.items():
             args[key] = value
+        for key in BUILD_OPTIONS:
+            if args is not None and key in args:
+                args[key] = None
 
     return restore_run_options

@@ -151,6 +151,14 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
         image_size = data_settings(trainer).get("image_size")
         costs = block_costs(blocks, image_size, image_channels(trainer))
         plan = plan_split(blocks, costs, self.world_size, self.split)
+        parameters = [[p for b in stage for p in b.module.parameters()] for stage in plan]
+        if trainer.state.fn == TrainerFn.FITTING and (
+            frozen := [i for i, ps in enumerate(parameters) if ps and not any(p.requires_grad for p in ps)]
+        ):  # every rank sees it: each refuses, none waits on another
+            raise ProjectError(
+                f"pipeline stage(s) {frozen} would have no parameter to train (a frozen backbone: "
+                "--model.freeze_backbone=true?); train it on one device, ddp or fsdp"
+            )
         cost_of = {b.name: cost for b, cost in zip(blocks, costs, strict=True)}
         stage_costs = [sum(cost_of[b.name] for b in stage) for stage in plan]  # FLOPs, or parameters
         self._own_blocks = plan[self.global_rank]
