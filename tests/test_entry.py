@@ -42,9 +42,10 @@ def test_bench_help_lists_the_presets(capsys: pytest.CaptureFixture) -> None:
         (
             ["fitt"],
             "error: 'fitt' is not a command; did you mean 'fit'? "
-            "Commands: fit, validate, test, predict, bench, compare, plan",
+            "Commands: fit, validate, test, predict, bench, compare, plan, export",
         ),
         (["bench", "--out"], "error: argument --out: expected one argument (see python -m project bench --help)"),
+        (["export", "--out"], "error: argument --out: expected one argument (see python -m project export --help)"),
         (
             ["fit", "--data.batchsize=64"],
             "error: unrecognized arguments: --data.batchsize=64; did you mean --data.batch_size? "

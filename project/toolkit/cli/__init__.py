@@ -22,10 +22,16 @@ TOOL_COMMANDS = {
     "bench": "run a matrix of strategies, archs, batch sizes, devices and precisions; compare time and memory",
     "compare": "compare finished runs (their timing.json) in the same results.{csv,md,png} as bench",
     "plan": "predict each strategy's step time, throughput and memory on N devices from one run's timing.json",
+    "export": "a checkpoint as one ONNX or torch.export graph: uint8 images in, logits out (docs/export.md)",
 }
 USAGE = "python -m project"
 
-TOOLS = {"bench": "project.toolkit.bench", "compare": "project.toolkit.bench.compare", "plan": "project.toolkit.plan"}
+TOOLS = {
+    "bench": "project.toolkit.bench",
+    "compare": "project.toolkit.bench.compare",
+    "plan": "project.toolkit.plan",
+    "export": "project.toolkit.export",
+}
 
 
 def top_level_help() -> str:
@@ -61,8 +67,9 @@ def main(args: list[str] | None = None, model: str = "", data: str = "") -> Any:
     if not argv or argv[0] in ("-h", "--help"):
         print(top_level_help())
         raise SystemExit(0 if argv else 2)
-    if argv[0] in TOOLS:  # imported only when asked for: no torch for any of them
-        importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
+    if argv[0] in TOOLS:  # imported only when asked for: no torch for bench, compare, plan
+        extra = {"model": model} if argv[0] == "export" else {}  # a checkpoint may not name its model class
+        importlib.import_module(TOOLS[argv[0]]).main(argv[1:], **extra)
         return
     if not argv[0].startswith("-") and argv[0] not in TRAINER_COMMANDS:
         print(f"error: {unknown_command(argv[0])}", file=sys.stderr)

@@ -1,0 +1,82 @@
+"""``python -m project export --ckpt_path=best --format=onnx|pt2 --out FILE``: a checkpoint as one graph taking uint8
+images ``(N, C, H, W)``, 0-255, at the trained size and returning the logits ``(N, classes)``. The scaling and the
+normalisation the data module did are inside it, so the graph runs without this project (docs/export.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from project.toolkit.callbacks.checkpoints import check_checkpoint_file, find_checkpoint
+from project.toolkit.dotted import import_object
+from project.toolkit.errors import OneLineParser, ProjectError, exit_on_project_error
+from project.toolkit.strategies.deepspeed import single_device_checkpoint
+
+STATE_KEYS = {"mean", "std", "label_names"}  # the data module's entry in a checkpoint (its state_dict)
+EXPORT_HELP = "A checkpoint as one graph: uint8 images (N, C, H, W), 0-255, at the trained size in; the logits out."
+
+
+class Normalised(nn.Module):
+    """``model`` after the data module's evaluation transform: ``x / 255``, normalised by ``mean``/``std``, float32."""
+
+    def __init__(self, model: nn.Module, mean: list[float], std: list[float]) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("scale", torch.tensor([1 / (255 * s) for s in std]).view(1, -1, 1, 1))
+        self.register_buffer("shift", torch.tensor([-m / s for m, s in zip(mean, std, strict=True)]).view(1, -1, 1, 1))
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images.to(torch.float32) * self.scale + self.shift)
+
+
+def export(ckpt_path: str, fmt: str, out: Path, logs: Path, model: str = "") -> str:
+    """Write checkpoint ``ckpt_path`` (``last``, ``best`` of the newest run under ``logs``, or a file) to ``out`` as
+    ``fmt`` (``onnx``, ``pt2``); ``model``: the LightningModule class if the checkpoint names none. Returns a line."""
+    folder = out.absolute().parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise ProjectError(f"--out {out}: cannot write into {folder}; give a file in a folder you can write to")
+    if fmt == "onnx" and not all(importlib.util.find_spec(name) for name in ("onnx", "onnxscript")):
+        raise ProjectError("--format=onnx needs the onnx and onnxscript packages: pip install -e '.[export]'")
+    path = single_device_checkpoint(find_checkpoint(ckpt_path, logs) if ckpt_path in ("last", "best") else ckpt_path)
+    checkpoint = check_checkpoint_file(path) or {}
+    state = next((v for v in checkpoint.values() if isinstance(v, dict) and STATE_KEYS <= v.keys()), {})
+    size = checkpoint.get("datamodule_hyper_parameters", {}).get("image_size")
+    if None in (state.get("mean"), state.get("std"), size):
+        raise ProjectError(
+            f"--ckpt_path={path} records no mean/std and image_size of its data, which the graph builds in; "
+            "export a single-file checkpoint of a fit by this version of the project"
+        )
+    class_path = checkpoint.get("hyper_parameters", {}).get("_class_path") or model
+    module = import_object(class_path).load_from_checkpoint(path, map_location="cpu", weights_only=False)
+    net = module.float().to(memory_format=torch.contiguous_format)  # channels_last weights: pt2's saver warns
+    graph = Normalised(net, state["mean"], state["std"]).eval()
+    example = torch.zeros(2, len(state["mean"]), size, size, dtype=torch.uint8)
+    program = torch.export.export(graph, (example,), dynamic_shapes={"images": {0: torch.export.Dim("batch")}})
+    names = json.dumps(state["label_names"])
+    if fmt == "pt2":
+        torch.export.save(program, out, extra_files={"label_names.json": names})
+    else:
+        onnx_program = torch.onnx.export(program, dynamo=True, output_names=["logits"], verbose=False)
+        onnx_program.model.metadata_props["label_names"] = names
+        onnx_program.save(out)
+    shape = f"(N, {len(state['mean'])}, {size}, {size})"
+    return f"exported {path} to {out} ({fmt}): uint8 images {shape}, 0-255 -> logits (N, {len(state['label_names'])})"
+
+
+def main(argv: list[str] | None = None, model: str = "") -> None:
+    """Entry point of ``python -m project export``; ``argv`` replaces ``sys.argv[2:]``; ``model`` as :func:`export`."""
+    parser = OneLineParser(prog="python -m project export", description=EXPORT_HELP)
+    add = parser.add_argument
+    add("--ckpt_path", default="best", help="last, best (of the newest run under --logs; the default) or a file")
+    add("--format", choices=("onnx", "pt2"), required=True, help="onnx (onnxruntime and others) or pt2 (torch.export)")
+    add("--out", type=Path, required=True, help="the file to write")
+    add("--logs", type=Path, default=Path("lightning_logs"), help="the runs' folder (default lightning_logs)")
+    args = parser.parse_args(sys.argv[2:] if argv is None else argv)
+    with exit_on_project_error():
+        print(export(args.ckpt_path, args.format, args.out, args.logs, model), flush=True)
