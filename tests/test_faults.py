@@ -178,15 +178,16 @@ def test_a_signal_saves_a_checkpoint_and_the_run_resumes_from_it(
         "--trainer.callbacks.step=11",
     ]
     said = Records()
-    logging.getLogger("lightning.pytorch").addHandler(said)
+    logging.getLogger("project.toolkit.callbacks.checkpoints").addHandler(said)  # main() resets "project"
     try:
         with pytest.raises(SystemExit) as exit_info:
             main([*args, *stop])
     finally:
-        logging.getLogger("lightning.pytorch").removeHandler(said)
+        logging.getLogger("project.toolkit.callbacks.checkpoints").removeHandler(said)
     assert exit_info.value.code == 128 + signum  # what a shell reports for a process stopped by it
-    # Lightning's own line for a SIGTERM, not for the SIGTERM a Ctrl-C was turned into
+    # the line for a SIGTERM; a Ctrl-C has its own
     assert any("Received SIGTERM" in m for m in said.messages) == (signum == signal.SIGTERM), said.messages
+    assert any(m.startswith("Ctrl-C: finishing this step") for m in said.messages) == (signum == signal.SIGINT)
     saved = torch.load(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)
     assert (saved["epoch"], saved["global_step"]) == (1, 11)  # the step the signal came in, finished
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C handling given back

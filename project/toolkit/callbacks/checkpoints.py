@@ -3,7 +3,6 @@ name (``--ckpt_path=last|best``)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import threading
@@ -12,6 +11,7 @@ from types import FrameType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
@@ -25,14 +25,13 @@ from project.toolkit.strategies.deepspeed import single_device_checkpoint
 __all__ = ["AtomicCheckpointIO", "Checkpoints", "check_checkpoint_file", "find_checkpoint"]
 
 log = get_logger(__name__)
-SIGNAL_LOGGER = "lightning.pytorch.trainer.connectors.signal_connector"  # logs "Received SIGTERM: N"
 
 
 class Checkpoints(ModelCheckpoint):
-    """Lightning's ModelCheckpoint (``last.ckpt``, the best ``val/acc``) that also writes atomically, saves
-    ``last.ckpt`` when SIGTERM or Ctrl-C (turned into SIGTERM; a second one interrupts at once) stops training at
-    a step boundary (the CLI exits 128 + :attr:`signum`), ends with ``last.ckpt`` holding the final weights, and
-    resumes into a new run folder without Lightning's "dirpath has changed" warning.
+    """Lightning's ModelCheckpoint (``last.ckpt``, the best ``val/acc``) that also writes atomically, stops
+    training on SIGTERM or Ctrl-C (a second Ctrl-C interrupts at once) at the end of a training step that every
+    process agrees on and saves ``last.ckpt`` there (the CLI exits 128 + :attr:`signum`), ends with ``last.ckpt``
+    holding the final weights, and resumes into a new run folder without Lightning's "dirpath has changed" warning.
 
     Args:
         atomic: Write checkpoints under a temporary name, fsync, then rename.
@@ -43,10 +42,11 @@ class Checkpoints(ModelCheckpoint):
     def __init__(self, *args: Any, atomic: bool = True, save_on_signal: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.atomic, self.save_on_signal = atomic, save_on_signal
-        self.signum: int | None = None
+        self.signum: int | None = None  # the signal that asked training to stop
         self.saved_step: int | None = None  # the global step of the latest save
-        self._previous_sigint: Any = None
-        self._quiet = _DropCtrlCAsSigterm(self)
+        self._previous: dict[int, Any] = {}  # the handlers ours replaced
+        self._owner = os.getpid()  # DataLoader workers forked from it inherit the handlers, not the duty
+        self._group: Any = "unset"  # the process group the stop is agreed in (None: the default one)
 
     @property
     def last_path(self) -> Path | None:
@@ -60,26 +60,55 @@ class Checkpoints(ModelCheckpoint):
         if self.atomic and type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
 
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._catch_signals(trainer)
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        # Here, not earlier: Lightning puts back the handlers it found when it set its own, after on_fit_start.
-        self.signum = None
-        ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # `nohup`, `cmd &`: keep ignoring it
-        if self.save_on_signal and threading.current_thread() is threading.main_thread() and not ignored:
-            self._previous_sigint = signal.signal(signal.SIGINT, self._sigint_to_sigterm)
-            logging.getLogger(SIGNAL_LOGGER).addFilter(self._quiet)
+        self._catch_signals(trainer)
 
-    def _sigint_to_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGINT, self._previous_sigint)  # a second Ctrl-C: KeyboardInterrupt at once
-        self.signum = signal.SIGINT
-        log.warning("Ctrl-C: finishing this step and saving a checkpoint (Ctrl-C again to stop at once)")
-        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler stops every rank at the step's end
+    def _catch_signals(self, trainer: Trainer) -> None:
+        """Replace Lightning's SIGTERM handler, set after on_fit_start, by one that only notes the signal: Lightning's
+        runs a collective inside the handler, which deadlocks the ranks when it lands inside another collective
+        (https://github.com/Lightning-AI/pytorch-lightning/issues/20806). The ranks agree in on_train_batch_end."""
+        if self._group == "unset":  # once, on every rank alike: creating a group is collective
+            multi = dist.is_available() and dist.is_initialized() and trainer.world_size > 1
+            self._group = dist.new_group(backend="gloo") if multi and dist.get_backend() != "gloo" else None
+        if self._previous or threading.current_thread() is not threading.main_thread():
+            return
+        self.signum, self._owner = None, os.getpid()
+        self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._note_signal)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # `nohup`, `cmd &`: keep ignoring it
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._note_signal)
+
+    def _note_signal(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._owner:  # a forked DataLoader worker: end as it would have
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, self._previous[signal.SIGINT])  # a second Ctrl-C: KeyboardInterrupt at once
+            log.warning("Ctrl-C: finishing this step and saving a checkpoint (Ctrl-C again to stop at once)")
+        else:
+            log.warning("Received %s: every process stops at the end of a training step", signal.Signals(signum).name)
+        self.signum = self.signum or signum
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args)
+        signum = self.signum or 0
+        if self._group != "unset" and dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
+            agreed = torch.tensor([signum])  # a CPU tensor through gloo: no wait for the device
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self._group)
+            signum = int(agreed)
+        if signum:
+            self.signum = signum
+            raise SIGTERMException  # Lightning calls on_exception, which saves, on every rank at this same step
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self.saved_step = trainer.global_step
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._restore_sigint()  # Lightning calls no teardown hook after an exception
+        self._restore_signals()  # Lightning calls no teardown hook after an exception
         if not (isinstance(exception, SIGTERMException) and trainer.training):
             super().on_exception(trainer, pl_module, exception)
             return
@@ -107,7 +136,8 @@ class Checkpoints(ModelCheckpoint):
         super().on_train_end(trainer, pl_module)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._restore_sigint()
+        self._restore_signals()
+        self._group = "unset"
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
@@ -115,22 +145,11 @@ class Checkpoints(ModelCheckpoint):
         else:  # resumed into a new run folder: only the best checkpoint's path carries over
             self.best_model_path = state_dict["best_model_path"]
 
-    def _restore_sigint(self) -> None:
-        logging.getLogger(SIGNAL_LOGGER).removeFilter(self._quiet)
-        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._previous_sigint)
-            self._previous_sigint = None
-
-
-class _DropCtrlCAsSigterm(logging.Filter):
-    """Lightning's "Received SIGTERM" line for the SIGTERM a Ctrl-C was turned into: the callback says Ctrl-C."""
-
-    def __init__(self, checkpoints: Checkpoints) -> None:
-        super().__init__()
-        self.checkpoints = checkpoints
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (self.checkpoints.signum == signal.SIGINT and "Received SIGTERM" in record.getMessage())
+    def _restore_signals(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)
+        self._previous = {}
 
 
 def check_checkpoint_file(path: str | Path) -> dict[str, Any] | None:
