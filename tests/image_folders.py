@@ -12,7 +12,8 @@ CLASSES = ("horizontal", "vertical")
 
 
 def striped_image(rng: np.random.Generator, label: int, grey: bool) -> np.ndarray:
-    """An ``(H, W)`` or ``(H, W, 3)`` uint8 image of ``CLASSES[label]``'s stripes in a random colour, size and phase, plus noise."""
+    """An ``(H, W)`` or ``(H, W, 3)`` uint8 image of ``CLASSES[label]``'s stripes in a random colour, size and
+    phase, plus noise."""
     height, width = rng.integers(20, 48, size=2)
     period, phase = rng.integers(4, 9), rng.integers(0, 8)
     axis = np.arange(height if label == 0 else width)

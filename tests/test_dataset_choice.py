@@ -209,7 +209,10 @@ def test_a_data_set_class_that_the_pipelines_cannot_take_is_refused_in_one_line(
             [f"--data={GREY}", "--data.image_sise=8"],
             "error: unrecognized arguments: --data.image_sise=8; did you mean --data.image_size?",
         ),
-        ([f"--data={GREY}", "--data.image_size=big"], "error: data.image_size=big is not allowed; expected int or null"),
+        (
+            [f"--data={GREY}", "--data.image_size=big"],
+            "error: data.image_size=big is not allowed; expected int or null",
+        ),
         (
             [f"--data={__name__}.TwoChannels"],
             "error: TwoChannels.image_shape=(12, 12, 2) is not allowed: it must be (height, width, channels) "

@@ -151,7 +151,8 @@ def test_warmup_cosine_and_sample_mean() -> None:
 
 def test_a_mistyped_command_gets_the_nearest() -> None:
     assert unknown_command("fitt") == (
-        "'fitt' is not a command; did you mean 'fit'? Commands: fit, validate, test, predict, bench, compare, plan"
+        "'fitt' is not a command; did you mean 'fit'? "
+        "Commands: fit, validate, test, predict, bench, compare, plan, export"
     )
 
 

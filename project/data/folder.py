@@ -151,4 +151,6 @@ class ImageFolderDataModule(ImageArrayDataModule):
         return self._split_files(self.hparams.test_folder)
 
     def load_val_split(self) -> tuple[ImageFiles, np.ndarray] | None:
-        return self._split_files(self.hparams.val_folder) if (self.data_dir / self.hparams.val_folder).is_dir() else None
+        return (
+            self._split_files(self.hparams.val_folder) if (self.data_dir / self.hparams.val_folder).is_dir() else None
+        )

@@ -8,8 +8,7 @@ import platform
 
 MIB = 2**20
 
-_M_TRIM_THRESHOLD = -1  # glibc's mallopt() parameter numbers (malloc.h)
-_M_MMAP_MAX = -4
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt() parameter numbers (malloc.h)
 DEFAULT_TRIM_THRESHOLD_MB = 1024  # free heap kept before some goes back to the kernel: the callback's default
 
 _applied: str | None = None  # what keep_freed_host_memory set in this process
@@ -34,6 +33,4 @@ def keep_freed_host_memory(trim_threshold_mb: int) -> str | None:
 
 def host_allocator() -> str:
     """How this process allocates host memory, for a run's record."""
-    if _applied is not None:
-        return _applied
-    return "defaults of glibc" if platform.libc_ver()[0] == "glibc" else "defaults of the C library"
+    return _applied or ("defaults of glibc" if platform.libc_ver()[0] == "glibc" else "defaults of the C library")

@@ -1,5 +1,4 @@
-"""Generic pieces for a LightningModule: a warmed-up cosine schedule, a per-sample mean that never syncs, and
-when an optimizer can take its fused kernels."""
+"""Generic LightningModule pieces: a warmed-up cosine schedule, a per-sample mean that never syncs, fused optimizers."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ class SampleMean(MeanMetric):
 
 
 def fusable(parameters: Iterable[Any]) -> bool:
-    """Whether an optimizer can update ``parameters`` with its fused kernels (one launch for all of them): plain
-    tensors, all on one CUDA device. Not sharded ones (DTensor), not the CPU."""
+    """Whether an optimizer can run fused kernels on ``parameters``: plain tensors (no DTensor), all on one CUDA GPU."""
     parameters = list(parameters)
     devices = {p.device for p in parameters}
     if len(devices) != 1 or next(iter(devices)).type != "cuda":

@@ -1,8 +1,6 @@
 """``python -m project bench --config configs/bench/<preset>.yaml --out DIR``: the strategy comparison. Each cell of
-the matrix (:mod:`.config`) runs as its own ``fit`` then ``test --ckpt_path=last`` in fresh processes, into
-``DIR/runs/<cell>`` (:mod:`.matrix`); their ``timing.json`` files become ``DIR/results.{csv,md,png}`` (:mod:`.report`,
-:mod:`.chart`). A finished cell is not run again by the same command; a failed one is recorded and retried next time.
-"""
+the matrix (:mod:`.config`) runs as ``fit`` then ``test`` in fresh processes into ``DIR/runs/<cell>``, again only if
+it failed (:mod:`.matrix`); each ``timing.json`` feeds ``DIR/results.{csv,md,png}`` (:mod:`.report`, :mod:`.chart`)."""
 
 from __future__ import annotations
 
@@ -26,29 +24,9 @@ from project.toolkit.bench.matrix import (
 from project.toolkit.bench.report import environment_section, speedups, write_csv, write_markdown
 from project.toolkit.errors import OneLineParser, ProjectError, exit_on_project_error
 
-__all__ = [
-    "MARKER",
-    "SINGLE",
-    "BenchConfig",
-    "Cell",
-    "bench",
-    "cell_args",
-    "chart_figure",
-    "collect",
-    "environment_section",
-    "expand",
-    "load_config",
-    "main",
-    "parse_args",
-    "run_cell",
-    "run_folder",
-    "run_matrix",
-    "speedups",
-    "write_chart",
-    "write_csv",
-    "write_markdown",
-]
-
+__all__ = ["MARKER", "SINGLE", "BenchConfig", "Cell", "bench", "cell_args", "chart_figure", "collect"]
+__all__ += ["environment_section", "expand", "load_config", "main", "parse_args", "run_cell", "run_folder"]
+__all__ += ["run_matrix", "speedups", "write_chart", "write_csv", "write_markdown"]
 
 PRESETS = Path(__file__).resolve().parents[3] / "configs" / "bench"
 

@@ -95,14 +95,9 @@ def _memory_panel(axis: Any, cells: list[dict[str, Any]], arch: str) -> None:
     axis.legend(fontsize=8, loc="upper left")
 
 
-ANATOMY_PARTS = (
-    ("data_wait", "data wait", "tab:gray"),
-    ("compute", "compute", "tab:blue"),
-    ("communication", "communication", "tab:red"),
-    ("optimizer", "optimizer", "tab:green"),
-    ("bubble", "pipeline bubble", "tab:orange"),
-    ("rest", "rest", "tab:purple"),
-)
+ANATOMY_PARTS = [("data_wait", "data wait", "tab:gray"), ("compute", "compute", "tab:blue")]
+ANATOMY_PARTS += [("communication", "communication", "tab:red"), ("optimizer", "optimizer", "tab:green")]
+ANATOMY_PARTS += [("bubble", "pipeline bubble", "tab:orange"), ("rest", "rest", "tab:purple")]
 
 
 def _anatomy_panel(axis: Any, cells: list[dict[str, Any]], arch: str) -> None:
@@ -112,8 +107,7 @@ def _anatomy_panel(axis: Any, cells: list[dict[str, Any]], arch: str) -> None:
     width = 0.8 / ranks
     for rank in range(ranks):
         x = [p - 0.4 + width * (rank + 0.5) for p in positions]
-        entries = [((r.get("step_anatomy") or {}).get("ranks") or [])[rank:][:1] for r in cells]
-        parts = [e[0] if e else {} for e in entries]
+        parts = [e[0] if (e := ((r.get("step_anatomy") or {}).get("ranks") or [])[rank:][:1]) else {} for r in cells]
         bottom = [0.0] * len(cells)
         for key, name, colour in ANATOMY_PARTS:
             heights = [_number(p.get(key)) or 0.0 for p in parts]
@@ -135,8 +129,7 @@ def write_chart(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def write_chart_if_possible(rows: list[dict[str, Any]], path: Path, title: str) -> str:
-    """Draw the chart where matplotlib is installed, else say in one line why not (the tables are the results);
-    returns the result files written, ``csv,md,png`` or ``csv,md``."""
+    """Draw the chart where matplotlib is installed, else say why not in a line; the files written: ``csv,md[,png]``."""
     if importlib.util.find_spec("matplotlib") is None:
         why = f"the chart needs matplotlib, which is not installed ({INSTALL_MATPLOTLIB}); the tables are written"
         print(f"{path.name} skipped: {why}", file=sys.stderr, flush=True)

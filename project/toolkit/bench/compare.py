@@ -1,5 +1,4 @@
-"""``python -m project compare RUN_DIR... --out DIR``: the ``timing.json`` of finished runs (a folder without one:
-every run folder below it) into the same ``results.{csv,md,png}`` as ``bench`` writes, a run a cell. No training."""
+"""``python -m project compare RUN_DIR... --out DIR``: finished runs' ``timing.json`` into bench's result files."""
 
 from __future__ import annotations
 

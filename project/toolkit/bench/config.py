@@ -20,12 +20,9 @@ PIPELINE_CELL = re.compile(r"pipeline-mb([1-9][0-9]*)")  # the pipeline with tha
 
 
 def strategy_options(strategy: str) -> list[str]:
-    """The command-line options that select a cell's strategy."""
     if match := PIPELINE_CELL.fullmatch(strategy):
-        return [
-            "--trainer.strategy.class_path=project.toolkit.strategies.PipelineStrategy",
-            f"--trainer.strategy.init_args.micro_batches={match.group(1)}",
-        ]
+        pipeline = "--trainer.strategy.class_path=project.toolkit.strategies.PipelineStrategy"
+        return [pipeline, f"--trainer.strategy.init_args.micro_batches={match.group(1)}"]
     return [f"--trainer.strategy={'auto' if strategy == SINGLE else strategy}"]
 
 
@@ -56,9 +53,7 @@ class BenchConfig:
 
     def variant_args(self, name: str) -> list[str]:
         """The options of the variant a cell calls ``name`` (``""``: the only one)."""
-        if name == "" and len(self.variants) == 1:
-            return next(iter(self.variants.values()))
-        return self.variants[name]
+        return next(iter(self.variants.values())) if name == "" and len(self.variants) == 1 else self.variants[name]
 
 
 def _is_list_of(value: Any, kind: type | tuple[type, ...]) -> bool:

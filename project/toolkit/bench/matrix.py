@@ -1,5 +1,4 @@
-"""Running the cells, each as ``python -m project fit`` then ``test --ckpt_path=last`` in fresh processes, skipping
-those that finished before, and reading back what they measured (:func:`collect`)."""
+"""Running the cells, each ``fit`` then ``test --ckpt_path=last`` in fresh processes, once, and reading back results."""
 
 from __future__ import annotations
 
@@ -26,21 +25,13 @@ MARKER = "bench-cell.json"  # a cell's outcome, in its run folder
 def cell_args(config: BenchConfig, cell: Cell, runs: Path) -> list[str]:
     """The options ``fit`` and ``test`` share: the cell's settings, the preset's and variant's args, and its own
     folder, whose ``lightning_logs/version_0`` is the one TensorBoard run (``--ckpt_path=last`` finds the fit's)."""
-    args = [
-        *strategy_options(cell.strategy),
-        f"--trainer.devices={cell.devices}",
-        f"--trainer.accelerator={config.accelerator}",
-        f"--trainer.precision={cell.precision}",
-        f"--trainer.max_epochs={config.epochs}",
-        f"--model.arch={cell.arch}",
-        f"--data.batch_size={cell.batch_size}",
-        f"--data.image_size={config.image_size}",
-        "--trainer.enable_progress_bar=false",
-        f"--trainer.default_root_dir={runs / cell.name}",
-        "--trainer.logger.class_path=lightning.pytorch.loggers.TensorBoardLogger",
-        f"--trainer.logger.init_args.save_dir={runs / cell.name}",
-        "--trainer.logger.init_args.version=0",
-    ]
+    args = [*strategy_options(cell.strategy), f"--trainer.devices={cell.devices}"]
+    args += [f"--trainer.accelerator={config.accelerator}", f"--trainer.precision={cell.precision}"]
+    args += [f"--trainer.max_epochs={config.epochs}", f"--model.arch={cell.arch}"]
+    args += [f"--data.batch_size={cell.batch_size}", f"--data.image_size={config.image_size}"]
+    args += ["--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={runs / cell.name}"]
+    args += ["--trainer.logger.class_path=lightning.pytorch.loggers.TensorBoardLogger"]
+    args += [f"--trainer.logger.init_args.save_dir={runs / cell.name}", "--trainer.logger.init_args.version=0"]
     for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
         if getattr(config, key) is not None:
             args.append(f"--trainer.{key}={getattr(config, key)}")
@@ -53,7 +44,6 @@ def run_folder(runs: Path, cell: Cell) -> Path:
 
 
 def project_command(subcommand: str, args: Sequence[str]) -> list[str]:
-    """``python -m project <subcommand> <args>`` with this interpreter."""
     return [sys.executable, "-m", "project", subcommand, *args]
 
 

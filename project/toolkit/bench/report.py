@@ -90,7 +90,6 @@ def _bubble(row: dict[str, Any]) -> str:
 
 
 def anatomy_rows(row: dict[str, Any]) -> list[list[str]]:
-    """The ``step_anatomy`` of a cell, a row per rank."""
     anatomy = row.get("step_anatomy")
     rows = []
     for rank, parts in enumerate(anatomy.get("ranks", []) if isinstance(anatomy, dict) else []):
@@ -127,11 +126,8 @@ def environment_section(rows: list[dict[str, Any]]) -> list[str]:
     keys = [*ENVIRONMENT_KEYS, *(k for k in first if k not in ENVIRONMENT_KEYS)]
     text += [f"Recorded by the first finished cell, `{recorded[0][0]}`:", ""]
     text += [markdown_table(["key", "value"], [[key, _text(first.get(key))] for key in keys]), ""]
-    differing = [
-        key
-        for key in dict.fromkeys(k for _, env in recorded for k in [*keys, *env])
-        if key not in PER_CELL and len({json.dumps(env.get(key)) for _, env in recorded}) > 1
-    ]
+    every = dict.fromkeys(k for _, env in recorded for k in [*keys, *env])
+    differing = [k for k in every if k not in PER_CELL and len({json.dumps(env.get(k)) for _, env in recorded}) > 1]
     if differing:
         cells = [[f"`{c}`", *(_text(env.get(k)) for k in differing)] for c, env in recorded]
         text += [f"**The cells did not all run in the same environment**: they differ in {', '.join(differing)}.", ""]
@@ -178,6 +174,8 @@ def write_markdown(
     header = ["cell", "strategy", "arch", "global batch", "devices", "precision", *(["variant"] if variants else [])]
     header += ["total s", "s/epoch", "first epoch s", "s/iteration", "data wait %", "bubble %", "samples/s"]
     header += ["TFLOP/s", "MFU %", "speed-up"]
+    latency_header = ["cell", "ms/batch", "p50 ms", "p90 ms", "p99 ms", "ms/sample", "samples/s", "TFLOP/s", "MFU %"]
+    anatomy_header = ["cell", "rank", "step s", "data", "compute (fwd + bwd)", "comm", "optim", "bubble", "rest", "sum"]
     text = [
         f"# {title}",
         "",
@@ -202,9 +200,7 @@ def write_markdown(
         "",
         "## Inference (test)",
         "",
-        markdown_table(
-            ["cell", "ms/batch", "p50 ms", "p90 ms", "p99 ms", "ms/sample", "samples/s", "TFLOP/s", "MFU %"], inference
-        ),
+        markdown_table(latency_header, inference),
         "",
         "## Step anatomy (seconds per step, per rank)",
         "",
@@ -212,10 +208,7 @@ def write_markdown(
         "compute is forward + backward (each in brackets where known); sum: the parts' sum over the step time",
         "measured on its own (the window's wall time).",
         "",
-        markdown_table(
-            ["cell", "rank", "step s", "data", "compute (fwd + bwd)", "comm", "optim", "bubble", "rest", "sum"],
-            anatomy,
-        ),
+        markdown_table(anatomy_header, anatomy),
         "",
         "## Peak memory per rank (MiB)",
         "",

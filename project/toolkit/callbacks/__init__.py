@@ -1,5 +1,4 @@
-"""The template's callbacks, one module per concern, and the ones every run has (:data:`DEFAULT_CALLBACKS`,
-listed with their reasons in ``configs/default.yaml``)."""
+"""The template's callbacks, one module per concern; those every run has: :data:`DEFAULT_CALLBACKS` (why: config)."""
 
 from __future__ import annotations
 
@@ -29,16 +28,11 @@ DEFAULT_CALLBACKS: dict[str, type[Callback]] = {
     "host_memory_reuse": HostMemoryReuse,
     "run_summary": RunSummary,  # after timing: it names the timing.json written at the same hook
 }
-CHECKPOINT_DEFAULTS = {
-    "checkpoint.monitor": "val/acc",
-    "checkpoint.mode": "max",
-    "checkpoint.save_last": True,
-    "checkpoint.filename": "epoch{epoch:03d}-val_acc{val/acc:.4f}",
-    "checkpoint.auto_insert_metric_name": False,
-}
-# The commands a default callback has work in (one not named: every command); it is left out of the others.
-# The checkpoint and reseed callbacks stay in all: their state is in the checkpoint, and Lightning warns of a
-# checkpoint's callback missing from a run that loads it.
+CHECKPOINT_DEFAULTS = {"checkpoint.monitor": "val/acc", "checkpoint.mode": "max", "checkpoint.save_last": True}
+CHECKPOINT_DEFAULTS |= {"checkpoint.filename": "epoch{epoch:03d}-val_acc{val/acc:.4f}"}
+CHECKPOINT_DEFAULTS |= {"checkpoint.auto_insert_metric_name": False}
+# The commands a default callback has work in (one not named: every command; the checkpoint and reseed ones stay
+# in all, as Lightning warns of a checkpoint's callback missing from a run that loads it).
 WORKS_IN: dict[str, set[str]] = {"guards": {"fit"}, "cpu_time_estimate": {"fit"}, "predictions": {"predict"}}
 
 

@@ -36,8 +36,7 @@ class CpuTimeEstimate(Callback):
     """
 
     def __init__(self, iterations: int = 3, min_minutes: float = 10.0) -> None:
-        self.iterations = iterations
-        self.min_minutes = min_minutes
+        self.iterations, self.min_minutes = iterations, min_minutes
         self._started: float | None = None
         self._first_step = 0
         self._done = False
@@ -47,8 +46,7 @@ class CpuTimeEstimate(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         if not self._done and self._started is None and trainer.global_step >= 1:
-            self._started = time.perf_counter()
-            self._first_step = trainer.global_step
+            self._started, self._first_step = time.perf_counter(), trainer.global_step
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -57,14 +55,12 @@ class CpuTimeEstimate(Callback):
             return
         self._done = True
         seconds_per_step = (time.perf_counter() - self._started) / (trainer.global_step - self._first_step)
-        line = estimate_line(trainer, seconds_per_step, self.min_minutes)
-        if line:
+        if line := estimate_line(trainer, seconds_per_step, self.min_minutes):
             log.warning(line)
 
 
 def estimate_line(trainer: Trainer, seconds_per_step: float, min_minutes: float) -> str | None:
-    """The one line :class:`CpuTimeEstimate` prints, or None for a fit shorter than ``min_minutes``
-    (or one without an end: no max_epochs nor max_steps)."""
+    """The line :class:`CpuTimeEstimate` prints; None for a fit under ``min_minutes`` or without an end."""
     total_steps = trainer.estimated_stepping_batches
     if not math.isfinite(total_steps) or total_steps <= 0:
         return None

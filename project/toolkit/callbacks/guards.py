@@ -38,11 +38,8 @@ _WORKER_KILLED = re.compile(r"DataLoader worker \(pid\(?s?\)? [^)]*\) is killed 
 def out_of_memory_message(error: BaseException, data_config: Any = None) -> str | None:
     """One line for an out-of-memory ``error`` (where, how much, what to lower), or None for any other error."""
     text = str(error)
-    args = section_args(data_config)
-    now = {
-        key: f" (now {args.get(key)})" if args is not None and args.get(key) is not None else ""
-        for key in ("batch_size", "image_size")
-    }
+    args = section_args(data_config) or {}
+    now = {key: f" (now {args.get(key)})" if args.get(key) is not None else "" for key in ("batch_size", "image_size")}
     lower = f"lower --data.batch_size{now['batch_size']} or --data.image_size{now['image_size']}"
     if match := _HOST_OOM.search(text):
         return f"out of host memory: the run tried to allocate {human_bytes(int(match.group(1)))} more; {lower}"
@@ -60,9 +57,8 @@ def out_of_memory_message(error: BaseException, data_config: Any = None) -> str 
 
 
 class Guards(Callback):
-    """Stops training at the first NaN or infinite loss, read ``LAG`` steps late from an asynchronous copy (so the
-    host never waits for the device), and checked before any save; and a run of processes Lightning started
-    (``--trainer.devices=N``) within seconds of one dying, which its ranks would otherwise wait on in a collective.
+    """Stops training at the first non-finite loss (read ``LAG`` steps late from an asynchronous copy, checked before
+    any save), and every process of the run within seconds of one dying (they would wait on it in a collective).
 
     Args:
         finite_loss: Stop at the first non-finite training loss.
@@ -75,7 +71,7 @@ class Guards(Callback):
     def __init__(self, finite_loss: bool = True, lost_rank: bool = True, poll_seconds: float = 1.0) -> None:
         self.finite_loss, self.lost_rank, self.poll_seconds = finite_loss, lost_rank, poll_seconds
         self._pending: deque[tuple[torch.Tensor, Any, int, int]] = deque()  # (loss, its copy's event, step, epoch)
-        self._buffers: list[torch.Tensor] = []  # LAG + 1 pinned buffers, used in turn
+        self._buffers: dict[int, torch.Tensor] = {}  # LAG + 1 pinned buffers, used in turn
         self._copies = 0
         self.copy_to_host: Callable[[torch.Tensor], tuple[torch.Tensor, Any]] = self._copy_to_host  # tests fake it
         self._children: list[subprocess.Popen] = []
@@ -83,8 +79,6 @@ class Guards(Callback):
         self._rank, self._world = 0, 1
         self._checkpoint: Callback | None = None
         self._stop = threading.Event()
-
-    # -- a lost rank -----------------------------------------------------------------------------
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         procs = getattr(trainer.strategy.launcher, "procs", None)  # Lightning's subprocess launcher's children
@@ -107,8 +101,7 @@ class Guards(Callback):
             self.stop_if_lost()
 
     def stop_if_lost(self, wait_seconds: float = 0.0) -> None:
-        """If a watched process is gone (looking again for up to ``wait_seconds``), say so and exit; the CLI
-        calls this when a collective fails, to name the rank behind the failure."""
+        """If a watched process is gone (within ``wait_seconds``), say so and exit; also run when a collective fails."""
         deadline = time.monotonic() + wait_seconds
         while True:
             lost = self._lost()
@@ -143,8 +136,6 @@ class Guards(Callback):
             return f"rank {self._parent[1]} of {self._world}, which started this process, died"
         return None
 
-    # -- a non-finite loss -----------------------------------------------------------------------
-
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -167,10 +158,8 @@ class Guards(Callback):
         if not loss.is_cuda:
             return loss, None
         slot, self._copies = self._copies % (self.LAG + 1), self._copies + 1  # its last loss was checked already
-        if len(self._buffers) <= slot:
-            self._buffers.append(torch.empty(0))
-        host = self._buffers[slot]
-        if host.shape != loss.shape or host.dtype != loss.dtype:
+        host = self._buffers.get(slot)
+        if host is None or host.shape != loss.shape or host.dtype != loss.dtype:
             host = self._buffers[slot] = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
         host.copy_(loss, non_blocking=True)
         copied = torch.cuda.Event()

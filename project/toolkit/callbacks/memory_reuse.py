@@ -9,9 +9,8 @@ from project.toolkit.host_memory import DEFAULT_TRIM_THRESHOLD_MB, keep_freed_ho
 
 
 class HostMemoryReuse(Callback):
-    """On a CPU run, glibc's allocator keeps freed memory for the next tensor instead of giving it back to the
-    kernel and faulting it in again (faster steps; the peak memory stays held until the end). Accelerator runs
-    are left alone: their activations live in the device's memory.
+    """On a CPU run, glibc's allocator keeps freed memory for the next tensor instead of giving it back to the kernel
+    and faulting it in again (faster steps; the peak stays held to the end); accelerator runs are left alone.
 
     Args:
         trim_threshold_mb: Free memory (MiB) the process keeps before giving some back to the kernel.

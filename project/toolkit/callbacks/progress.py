@@ -1,5 +1,4 @@
-"""The progress bar: the latest training loss and the learning rate, no ``v_num``; rich where it is installed
-(the ``progress`` extra), else tqdm."""
+"""The progress bar: the latest training loss and learning rate, no ``v_num``; rich where installed, else tqdm."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ def rich_installed() -> bool:
 
 
 class LatestValue:
-    """The latest value of a scalar tensor that the host can read without waiting for the device: a CUDA value
-    is copied asynchronously into pinned memory (one copy at a time) and read once the copy is done."""
+    """The latest scalar the host can read without waiting: a CUDA one is copied (one at a time) into pinned memory."""
 
     def __init__(self) -> None:
         self.value: float | None = None
@@ -46,8 +44,7 @@ class LatestValue:
 
 
 class LossOnBar:
-    """Mixin for a Lightning progress bar: the training loss (of the latest step the host can read without
-    waiting) and the learning rate at every refresh, and no ``v_num`` (the run summary names the folder)."""
+    """Mixin for a Lightning progress bar: the latest readable training loss and the learning rate, no ``v_num``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

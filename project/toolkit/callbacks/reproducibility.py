@@ -17,14 +17,10 @@ log = get_logger(__name__)
 
 
 class ReseedEveryEpoch(Callback):
-    """A run resumed from any checkpoint, at an epoch boundary or mid-epoch, goes on exactly as the unbroken run.
-
-    Every epoch re-seeds Python, NumPy and torch from ``seed + epoch`` (Lightning seeds once per process); every
-    checkpoint stores the generators' states, which a mid-epoch resume puts back; on the first epoch after a
-    resume the training iterator is rebuilt (Lightning makes it before the checkpoint restores the epoch), and the
-    sampler skips the batches the checkpoint trained on. The data order and augmentation depend only on (seed,
-    epoch, image index). Nothing happens in a run that is not seeded (``--seed_everything=null``).
-    """
+    """A run resumed from any checkpoint, at an epoch boundary or mid-epoch, goes on exactly as the unbroken run:
+    every epoch re-seeds Python, NumPy and torch from ``seed + epoch`` (Lightning seeds once per process), so the
+    data order and augmentation depend only on (seed, epoch, image index); checkpoints keep the generators' states
+    for a mid-epoch resume. Nothing happens in a run that is not seeded (``--seed_everything=null``)."""
 
     def __init__(self) -> None:
         self._first_epoch_of_process = True
@@ -36,12 +32,10 @@ class ReseedEveryEpoch(Callback):
         if seed is None or not trainer.fit_loop.restarted_mid_epoch:
             return
         self._first_epoch_of_process = False
-        # Steps are optimizer steps, and every epoch has num_training_batches batches (the sampler
-        # drops the remainder): this is how many batches of the current epoch the checkpoint holds.
-        # 0 when it was saved after an epoch's last batch: Lightning has moved on to the next epoch.
-        batches_done = trainer.global_step * trainer.accumulate_grad_batches - (
-            trainer.current_epoch * trainer.num_training_batches
-        )
+        # The batches of this epoch the checkpoint holds (steps are optimizer steps; every epoch has
+        # num_training_batches batches): 0 if saved after an epoch's last batch, as Lightning moved on to the next.
+        batches = trainer.global_step * trainer.accumulate_grad_batches
+        batches_done = batches - trainer.current_epoch * trainer.num_training_batches
         sampler = getattr(trainer.train_dataloader, "sampler", None)
         if not hasattr(sampler, "resume_at"):
             log.warning("resumed mid-epoch with a sampler that cannot skip batches: this epoch starts over")

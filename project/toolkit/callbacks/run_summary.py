@@ -1,7 +1,5 @@
-"""What a run leaves behind, said at its end: :class:`RunSummary` prints, after ``fit``, ``test``,
-``validate`` and ``predict``, the run folder, the checkpoints (best and last, with their metric), the
-``timing.json`` and ``predictions.csv`` it wrote, the final metrics, and the command that opens the
-run in TensorBoard. Rank 0 prints; every rank asks for the folder, which Lightning broadcasts."""
+"""What a run leaves behind, said at its end: :class:`RunSummary` prints, after each command, the run folder, the
+checkpoints (best and last), ``timing.json`` and ``predictions.csv``, the final metrics and how to open TensorBoard."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ SHOWN_METRICS = [f"{stage}/{name}" for stage in ("train", "val", "test") for nam
 
 
 def shown_path(path: str | Path) -> str:
-    """``path`` relative to the working directory when it lies inside it (shorter to read and to
-    paste), else absolute."""
+    """``path`` relative to the working directory when it lies inside it (shorter to read and paste), else absolute."""
     absolute = Path(path).absolute()
     try:
         return str(absolute.relative_to(Path.cwd()))
@@ -26,13 +23,8 @@ def shown_path(path: str | Path) -> str:
         return str(absolute)
 
 
-def format_metrics(metrics: dict[str, Any]) -> str:
-    """``train/loss 0.4120  val/acc 0.8125`` for the epoch metrics present in ``metrics``."""
-    return "  ".join(f"{key} {float(metrics[key]):.4f}" for key in SHOWN_METRICS if key in metrics)
-
-
 class RunSummary(Callback):
-    """Prints where a run's outputs went and its final metrics (see the module's docstring)."""
+    """Prints where a run's outputs went and its final metrics; rank 0 prints, every rank asks for the folder."""
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._print(trainer, "fit")
@@ -54,7 +46,6 @@ class RunSummary(Callback):
 
 
 def summary_lines(trainer: Trainer, stage: str, log_dir: str | None) -> list[str]:
-    """The lines :class:`RunSummary` prints for ``stage`` of ``trainer``'s run."""
     if trainer.fast_dev_run:
         return [f"{stage} done (fast_dev_run: a smoke run, nothing written)"]
     folder = Path(log_dir) if log_dir else None
@@ -68,8 +59,8 @@ def summary_lines(trainer: Trainer, stage: str, log_dir: str | None) -> list[str
     for name in ("timing.json", "predictions.csv"):
         if (folder / name).is_file() and (name != "predictions.csv" or stage == "predict"):
             lines.append(f"  {name + ':':<17} {shown_path(folder / name)}")
-    metrics = format_metrics(trainer.callback_metrics)
-    if metrics:
+    values = trainer.callback_metrics  # ``train/loss 0.4120  val/acc 0.8125``
+    if metrics := "  ".join(f"{key} {float(values[key]):.4f}" for key in SHOWN_METRICS if key in values):
         lines.append(f"  final metrics (epoch means): {metrics}")
     if any(isinstance(logger, TensorBoardLogger) for logger in trainer.loggers):
         lines.append(

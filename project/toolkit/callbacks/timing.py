@@ -1,9 +1,6 @@
-"""Honest numbers for training and inference that do not slow down what they measure: :class:`TimingCallback`.
-
-Inside an epoch or a test/predict stage every rank only *marks* points of the device's work (CUDA events, no
-wait); the device is waited for once at each epoch or stage boundary, the ranks exchange their records, and
-rank 0 writes TensorBoard scalars, ``timing.json`` and a table. What each figure is: ``docs/timing.md``.
-"""
+"""Honest numbers that do not slow down what they measure (:class:`TimingCallback`): within an epoch or stage each rank
+only *marks* the device's work (CUDA events, no wait); at its end the device is waited for once, the ranks exchange
+their records, and rank 0 writes TensorBoard scalars, ``timing.json`` and a table. The figures: ``docs/timing.md``."""
 
 from __future__ import annotations
 
@@ -30,26 +27,11 @@ from project.toolkit.data.datamodule import data_settings
 from project.toolkit.data.input_path import data_wait_advice, machine_of
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
-from project.toolkit.measure import anatomy, bandwidth, flops, probes
-from project.toolkit.measure.devices import (
-    CudaEventClock,
-    DeviceClock,
-    HostClock,
-    device_clock,
-    peak_memory_mb,
-)
+from project.toolkit.measure import anatomy, bandwidth, flops, probes, summary
+from project.toolkit.measure.devices import CudaEventClock, DeviceClock, HostClock, device_clock, peak_memory_mb
 from project.toolkit.measure.environment import run_environment
 from project.toolkit.measure.recorders import InferenceRecorder, TrainRecorder
 from project.toolkit.measure.stats import clean
-from project.toolkit.measure.summary import (
-    Memory,
-    format_table,
-    gather_records,
-    memory_entries,
-    summarise_epoch,
-    summarise_fit,
-    summarise_inference,
-)
 from project.toolkit.plan import block_times
 from project.toolkit.plan.network import network_profile
 from project.toolkit.strategies.blocks import checked_blocks_or_none
@@ -69,9 +51,6 @@ class TimingCallback(Callback):
         anatomy_steps: Steady steps over which each rank's step is split into its parts (``step_anatomy``); 0: off.
         block_times: After a single-device fit, time each declared block forward and backward (what ``python -m
             project plan`` predicts a pipeline from; about 2-3 steps, once).
-
-    Attributes:
-        make_clock: ``(device, sync_every_step) -> DeviceClock``; tests replace it with a fake asynchronous device.
     """
 
     def __init__(
@@ -88,12 +67,9 @@ class TimingCallback(Callback):
             raise ProjectError(f"timing.peak_tflops={peak_tflops} is not allowed: it must be a number > 0 or null")
         if anatomy_steps < 0:
             raise ProjectError(f"timing.anatomy_steps={anatomy_steps} is not allowed: it must be >= 0 (0: off)")
-        self.warmup_iterations = warmup_iterations
-        self.anatomy_steps = anatomy_steps
-        self.block_times = block_times
-        self.sync_every_step = sync_every_step
-        self.peak_tflops = peak_tflops
-        self.make_clock: Callable[[torch.device, bool], DeviceClock] = device_clock
+        self.warmup_iterations, self.anatomy_steps = warmup_iterations, anatomy_steps
+        self.block_times, self.sync_every_step, self.peak_tflops = block_times, sync_every_step, peak_tflops
+        self.make_clock: Callable[[torch.device, bool], DeviceClock] = device_clock  # tests fake an async device
         self.report: dict[str, Any] = {}  # what rank 0 last wrote; empty on other ranks
         self._clock: DeviceClock = HostClock()
         self._device = torch.device("cpu")
@@ -130,9 +106,7 @@ class TimingCallback(Callback):
         self._anatomy.place(trainer.current_epoch, trainer.num_training_batches)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if not self._train.in_epoch:  # resumed mid-epoch: Lightning calls no on_train_epoch_start then
-            # (the anatomy is not placed in this part-epoch, whose batch indices do not start at 0: it takes
-            # the next whole epoch)
+        if not self._train.in_epoch:  # resumed mid-epoch (no on_train_epoch_start); the anatomy takes the next epoch
             self._train.start_epoch(self._clock.wait())
         self._train.start_batch()
         self._anatomy.batch_start()
@@ -170,7 +144,7 @@ class TimingCallback(Callback):
         bubble = gather_bubble(trainer, "epoch")
         if not trainer.is_global_zero:
             return
-        epoch = summarise_epoch(trainer.current_epoch, [r for r, _ in records], sample_copies(trainer))
+        epoch = summary.summarise_epoch(trainer.current_epoch, [r for r, _ in records], sample_copies(trainer))
         self._epochs.append(epoch)
         work = self._work(trainer, "train", epoch["samples_per_second"])
         metrics = {
@@ -181,7 +155,7 @@ class TimingCallback(Callback):
             "time/train_tflops_per_second": work["train_tflops_per_second"],
             "time/mfu": work["mfu"],
         }
-        labels, memory = memory_entries([m for _, m in records], self._device.type)
+        labels, memory = summary.memory_entries([m for _, m in records], self._device.type)
         metrics.update({f"memory/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
         metrics.update({f"time/bubble_fraction/rank{rank}": value for rank, value in enumerate(bubble or [])})
         log_scalars(trainer, metrics, step=epoch_end_step(trainer))
@@ -193,8 +167,8 @@ class TimingCallback(Callback):
         log_dir = trainer.log_dir  # every rank must ask: Lightning broadcasts it from rank 0
         if not trainer.is_global_zero:
             return
-        labels, memory = memory_entries([m for _, m in records], self._device.type)
-        numbers = summarise_fit(self._epochs, [r for r, _ in records])
+        labels, memory = summary.memory_entries([m for _, m in records], self._device.type)
+        numbers = summary.summarise_fit(self._epochs, [r for r, _ in records])
         numbers.update(self._work(trainer, "train", numbers["train_samples_per_second"]))
         report = {**run_description(trainer, pl_module)}
         report.update({k: clean(v) if isinstance(v, float) else v for k, v in numbers.items()})
@@ -219,9 +193,8 @@ class TimingCallback(Callback):
         scalars.update({f"memory/summary/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
         self._publish(trainer, log_dir, report, scalars, step=epoch_end_step(trainer), title="fit")
         path = getattr(trainer.datamodule, "input_path", None)
-        advice = path and data_wait_advice(report["data_wait_fraction"], path, machine_of(trainer))
-        if advice:  # over a tenth of the epoch: say so, and what would help
-            log.warning(advice)
+        if advice := path and data_wait_advice(report["data_wait_fraction"], path, machine_of(trainer)):
+            log.warning(advice)  # over a tenth of the epoch: say so, and what would help
 
     def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._inference = InferenceRecorder(self._clock)
@@ -251,26 +224,22 @@ class TimingCallback(Callback):
         log_dir = trainer.log_dir
         if not trainer.is_global_zero:
             return
-        labels, memory = memory_entries([m for _, m in records], self._device.type)
-        summary = summarise_inference(stage, [r for r, _ in records], sample_copies(trainer))
-        report = {**run_description(trainer, pl_module), **summary}
+        labels, memory = summary.memory_entries([m for _, m in records], self._device.type)
+        figures = summary.summarise_inference(stage, [r for r, _ in records], sample_copies(trainer))
+        report = {**run_description(trainer, pl_module), **figures}
         work = self._work(trainer, "inference", report[f"{stage}_samples_per_second"])
         report.update({f"{stage}_tflops_per_second": work["inference_tflops_per_second"], f"{stage}_mfu": work["mfu"]})
         report.update({f"{stage}_peak_memory_mb": memory, f"{stage}_peak_memory_devices": labels})
-        latency = report[f"{stage}_batch_latency_ms"]
-        scalars = {f"time/{stage}/batch_latency_ms_{k}": v for k, v in latency.items()}
+        scalars = {f"time/{stage}/batch_latency_ms_{k}": v for k, v in report[f"{stage}_batch_latency_ms"].items()}
         for key in ("sample_latency_ms", "samples_per_second", "tflops_per_second", "mfu"):
             scalars[f"time/{stage}/{key}"] = report[f"{stage}_{key}"]
         scalars.update({f"memory/{stage}/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
         self._publish(trainer, log_dir, report, scalars, step=trainer.global_step, title=stage)
 
-    def _gather(self, trainer: Trainer, record: Any) -> list[tuple[Any, Memory]]:
+    def _gather(self, trainer: Trainer, record: Any) -> list[tuple[Any, summary.Memory]]:
         """Every rank's record and peak memory; a collective that every rank calls."""
-        strategy = trainer.strategy
-        width = max(1, trainer.num_devices)
-        return gather_records(
-            record, peak_memory_mb(self._device), trainer.world_size, all_gather(strategy), strategy.root_device, width
-        )
+        memory, gather, width = peak_memory_mb(self._device), all_gather(trainer.strategy), max(1, trainer.num_devices)
+        return summary.gather_records(record, memory, trainer.world_size, gather, trainer.strategy.root_device, width)
 
     def _gather_anatomy(self, trainer: Trainer) -> dict[str, Any] | None:
         """Every rank's step anatomy, as ``timing.json``'s ``step_anatomy``; a collective (every rank)."""
@@ -290,8 +259,7 @@ class TimingCallback(Callback):
         achieved = per_sample * samples_per_second / 1e12 if per_sample and samples_per_second else None
         peak = self.peak_tflops or flops.device_peak_tflops(self._device, str(trainer.precision))
         devices = trainer.num_devices * trainer.num_nodes
-        total_peak = peak * devices if peak else None
-        mfu = flops.mfu(achieved, total_peak)
+        mfu = flops.mfu(achieved, peak * devices if peak else None)
         # Not rounded to a few decimals: on a CPU these are 1e-4 TFLOP/s and less.
         work = {f"{kind}_tflops_per_second": clean(achieved, 9), "peak_tflops": peak, "mfu": clean(mfu, 9)}
         batch = data_settings(trainer).get("batch_size")
@@ -317,4 +285,4 @@ class TimingCallback(Callback):
             self.report = update_timing_json(Path(log_dir) / "timing.json", report)
         else:
             self.report = report
-        print(format_table(report, title), flush=True)
+        print(summary.format_table(report, title), flush=True)

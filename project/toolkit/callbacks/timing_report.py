@@ -1,5 +1,4 @@
-"""What the timing callback reports besides its records: the run's description, the network's counts, gathered
-extras, TensorBoard scalars and ``timing.json``."""
+"""What the timing callback reports besides its records: run description, network counts, scalars, ``timing.json``."""
 
 from __future__ import annotations
 
@@ -30,12 +29,8 @@ def counted(trainer: Trainer, pl_module: LightningModule, count: Callable[..., d
     image_size = data_settings(trainer).get("image_size")
     if not trainer.is_global_zero or not isinstance(net, nn.Module) or not image_size:
         return None
-    hparams = pl_module.hparams
-    feed = {
-        "image_size": image_size,
-        "channels_last": bool(hparams.get("channels_last")),
-        "in_channels": image_channels(trainer),
-    }
+    channels_last = bool(pl_module.hparams.get("channels_last"))
+    feed = {"image_size": image_size, "channels_last": channels_last, "in_channels": image_channels(trainer)}
     shapes = tuple((name, tuple(p.shape)) for name, p in net.named_parameters())
     key = (count.__name__, type(net).__qualname__, shapes, *feed.values())
     if key not in COUNTED:
@@ -98,6 +93,8 @@ def _short_name(obj: object, suffix: str) -> str:
 def run_description(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
     """What was run: the settings a reader needs to compare two ``timing.json`` files."""
     datamodule_hparams = data_settings(trainer)
+    path = getattr(trainer.datamodule, "input_path", None)  # the input path the data module took, its workers, why
+    inputs = dict(input_path=path.name, num_workers=path.num_workers, input_path_reason=path.reason) if path else {}
     return {
         "strategy": _short_name(trainer.strategy, "Strategy"),
         "accelerator": _short_name(trainer.accelerator, "Accelerator"),
@@ -109,16 +106,8 @@ def run_description(trainer: Trainer, pl_module: LightningModule) -> dict[str, A
         "image_size": datamodule_hparams.get("image_size"),
         "batch_size": datamodule_hparams.get("batch_size"),  # global: the data module splits it across ranks
         "precision": str(trainer.precision),
-        **input_description(trainer),
+        **inputs,
     }
-
-
-def input_description(trainer: Trainer) -> dict[str, Any]:
-    """The input path the data module took, its workers and why; nothing for other data modules."""
-    path = getattr(trainer.datamodule, "input_path", None)
-    if path is None:
-        return {}
-    return {"input_path": path.name, "num_workers": path.num_workers, "input_path_reason": path.reason}
 
 
 def update_timing_json(path: Path, report: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,5 @@
-"""What a run shows in TensorBoard beyond its scalars (:class:`TensorBoardViews`): a custom-scalars layout
-(accuracy, loss, throughput, epoch time and memory side by side, every run overlaid) and, at the end of fit, the
-hyperparameters against real metrics (the HPARAMS tab). Every scalar is against the global step.
-"""
+"""What a run shows in TensorBoard beyond its scalars (:class:`TensorBoardViews`): a custom-scalars layout (charts side
+by side, every run overlaid) and, at the end of fit, the hyperparameters against real metrics (the HPARAMS tab)."""
 
 from __future__ import annotations
 
@@ -40,13 +38,13 @@ HPARAM_METRICS = tuple(
 
 
 class TensorBoardViews(Callback):
-    """Writes the custom-scalars layout into every TensorBoard run, and at the end of fit the run's
-    hyperparameters with its final and best ``val/acc`` and throughput. Put it after the TimingCallback."""
+    """Writes the custom-scalars layout into each TensorBoard run and, after fit, the HPARAMS tab (put after timing)."""
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if trainer.is_global_zero:
+        if trainer.is_global_zero:  # the layout in SummaryWriter's format (torch's and tensorboardX's)
+            layout = {c: {t: ["Multiline", tags] for t, tags in charts.items()} for c, charts in LAYOUT.items()}
             for logger in _tensorboard_loggers(trainer):
-                logger.experiment.add_custom_scalars(_summary_writer_layout())
+                logger.experiment.add_custom_scalars(layout)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         loggers = _tensorboard_loggers(trainer)
@@ -55,17 +53,9 @@ class TensorBoardViews(Callback):
         metrics = {k: v for k, v in final_metrics(trainer).items() if v is not None and math.isfinite(v)}
         if not metrics:  # no validation and no timing: nothing to compare runs by
             return
-        params = run_hparams(trainer, pl_module)
-        step = max(trainer.global_step - 1, 0)  # the step of the last epoch's val/acc
+        params, step = run_hparams(trainer, pl_module), max(trainer.global_step - 1, 0)  # step: the last val/acc's
         for logger in loggers:
             logger.log_hyperparams(params, metrics=metrics, step=step)
-
-
-def _summary_writer_layout() -> dict[str, dict[str, list[Any]]]:
-    """:data:`LAYOUT` in SummaryWriter's format (torch's and tensorboardX's): chart -> [kind, tags]."""
-    return {
-        category: {title: ["Multiline", tags] for title, tags in charts.items()} for category, charts in LAYOUT.items()
-    }
 
 
 def _tensorboard_loggers(trainer: Trainer) -> list[TensorBoardLogger]:
@@ -73,30 +63,24 @@ def _tensorboard_loggers(trainer: Trainer) -> list[TensorBoardLogger]:
 
 
 def _number(value: Any) -> float | None:
-    if hasattr(value, "item"):  # a tensor from callback_metrics
-        value = value.item()
+    value = value.item() if hasattr(value, "item") else value  # a tensor from callback_metrics
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def final_metrics(trainer: Trainer) -> dict[str, float | None]:
-    """The HPARAMS tab's metrics: the last and best ``val/acc``, the steady throughput and epoch time (None where
-    the run has none)."""
+    """The HPARAMS tab's metrics: the last and best ``val/acc``, steady throughput and epoch time (None: not run)."""
     timing = next((c.report for c in trainer.callbacks if isinstance(c, TimingCallback)), {})
     checkpoint = trainer.checkpoint_callback
     best = checkpoint.best_model_score if isinstance(checkpoint, ModelCheckpoint) else None
-    return {
-        "hparams/val_acc": _number(trainer.callback_metrics.get("val/acc")),
-        "hparams/best_val_acc": _number(best),
-        "hparams/train_samples_per_second": _number(timing.get("train_samples_per_second")),
-        "hparams/epoch_seconds_mean": _number(timing.get("epoch_seconds_mean")),
-    }
+    values = [trainer.callback_metrics.get("val/acc"), best]
+    values += [timing.get("train_samples_per_second"), timing.get("epoch_seconds_mean")]  # in HPARAM_METRICS' order
+    return {name: _number(value) for name, value in zip(HPARAM_METRICS, values, strict=True)}
 
 
 def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
     """The HPARAMS tab's columns: the model's and data's hyperparameters, how the run was spread, its length."""
     params = run_description(trainer, pl_module)  # arch, image and batch size among them, unprefixed
-    data = data_settings(trainer)
-    for name, value in [*pl_module.hparams.items(), *data.items()]:
+    for name, value in [*pl_module.hparams.items(), *data_settings(trainer).items()]:
         if not name.startswith("_"):  # LightningCLI's bookkeeping (_instantiator), not a setting
             params.setdefault(name, value)
     params["max_epochs"] = trainer.max_epochs

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+
+from project.toolkit.measure.devices import CudaEventClock, HostClock
 
 
 class BubbleMeter:
@@ -16,6 +17,7 @@ class BubbleMeter:
 
     def __init__(self, device: torch.device) -> None:
         self._cuda = device.type == "cuda"
+        self._clock = CudaEventClock(device) if self._cuda else HostClock()
         self._pending: list[tuple[Any, list[Any]]] = []  # (step interval, compute intervals) not read yet
         self._compute: list[Any] = []
         self._steps = 0
@@ -26,15 +28,10 @@ class BubbleMeter:
         return self.observer.interval(kind) if self.observer is not None else contextlib.nullcontext()
 
     def _mark(self) -> Any:
-        if self._cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+        return self._clock.mark()
 
     @contextlib.contextmanager
     def compute(self) -> Iterator[None]:
-        """Time the body as the stage's compute."""
         with self._observed("stage_compute"):
             start = self._mark()
             yield
@@ -54,7 +51,6 @@ class BubbleMeter:
         return self.observer.waiting() if self.observer is not None else contextlib.nullcontext()
 
     def step(self, run: Callable[[], Any]) -> Any:
-        """Run one training step of the schedule, timed."""
         self._compute = []
         with self._observed("schedule"):
             start = self._mark()
@@ -66,11 +62,9 @@ class BubbleMeter:
         return result
 
     def _seconds(self, interval: tuple[Any, Any]) -> float:
-        start, end = interval
         if self._cuda:
-            end.synchronize()
-            return start.elapsed_time(end) / 1000
-        return end - start
+            interval[1].synchronize()
+        return self._clock.seconds(*interval)
 
     def fraction(self, scope: str) -> float | None:
         """The bubble over this epoch's steps (``epoch``, which restarts the count) or the fit's (``fit``)."""

@@ -89,15 +89,7 @@ def device_clock(device: torch.device, sync_every_step: bool = False) -> DeviceC
     synchronize = synchronizer(device)
     if sync_every_step or device.type == "mps":
         return SyncingClock(synchronize)
-    if device.type == "cuda":
-        return CudaEventClock(device)
-    return HostClock(synchronize)
-
-
-def process_peak_rss_mb() -> float:
-    """This process's peak resident memory since it started, in MiB."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / MIB if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux
+    return CudaEventClock(device) if device.type == "cuda" else HostClock(synchronize)
 
 
 def peak_memory_mb(device: torch.device) -> list[tuple[int, float]]:
@@ -107,7 +99,8 @@ def peak_memory_mb(device: torch.device) -> list[tuple[int, float]]:
         return [(i, mb) for i, mb in peaks if mb > 0] or [(device.index or 0, 0.0)]
     if device.type == "xla":
         return [(device.index or 0, _xla_peak_mb(device))]
-    return [(-1, process_peak_rss_mb())]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the process's, since it started
+    return [(-1, peak / MIB if sys.platform == "darwin" else peak / 1024)]  # bytes on macOS, KiB on Linux
 
 
 def _xla_peak_mb(device: torch.device) -> float:

@@ -94,12 +94,10 @@ def run_environment(repo: Path | None = None) -> dict[str, Any]:
     """Where a figure comes from, JSON-ready: device, CPU, OS, versions, host, git commit and date (UTC)."""
     cpu, cores = cpu_model(), usable_cores()
     gpu = torch.cuda.is_available()
-    device_name = torch.cuda.get_device_name(0) if gpu else cpu
-    device_count = torch.cuda.device_count() if gpu else cores
     commit, dirty = git_state(template_root() if repo is None else repo)
     return {
-        "device_name": device_name,
-        "device_count": device_count,
+        "device_name": torch.cuda.get_device_name(0) if gpu else cpu,
+        "device_count": torch.cuda.device_count() if gpu else cores,
         "cpu_model": cpu,
         "cpu_cores": cores,
         "host_allocator": host_allocator(),

@@ -16,9 +16,8 @@ from torch.utils.flop_counter import FlopCounterMode
 def _conv_backward_flop(
     grad_out_shape: list[int], x_shape: list[int], w_shape: list[int], *args: Any, **kwargs: Any
 ) -> int:
-    """FLOPs of ``aten.convolution_backward``: each gradient asked for (``output_mask``) costs what the forward
-    did. torch's own formula counts a grouped convolution's weight gradient ``groups`` times too often
-    (https://github.com/pytorch/pytorch/pull/183405)."""
+    """FLOPs of ``aten.convolution_backward``: each gradient asked for costs what the forward did; torch's own formula
+    counts a grouped convolution's weight gradient ``groups`` times (https://github.com/pytorch/pytorch/pull/183405)."""
     # the rest of the schema: bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
     transposed, output_mask = args[4], args[7]
     positions = math.prod(x_shape[2:] if transposed else grad_out_shape[2:])
@@ -27,12 +26,6 @@ def _conv_backward_flop(
 
 
 _FLOP_FORMULAS = {torch.ops.aten.convolution_backward: _conv_backward_flop}
-
-
-def _counted_flops(run: Any) -> int:
-    with FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS) as counter:
-        run()
-    return counter.get_total_flops()
 
 
 def meta_copy(net: nn.Module) -> nn.Module:
@@ -48,25 +41,22 @@ def meta_copy(net: nn.Module) -> nn.Module:
 def model_flops_per_sample(
     net: nn.Module, image_size: int, channels_last: bool = True, in_channels: int = 3
 ) -> dict[str, int]:
-    """FLOPs per image of a training step (``train``) and of ``inference``, as ``FlopCounterMode`` counts them, on a
-    ``meta`` copy of a plain ``net`` (not wrapped by a strategy nor compiled)."""
+    """FLOPs per image of a training step (``train``) and of ``inference`` on a ``meta`` copy of a plain ``net``."""
     model = meta_copy(net)
-    # a batch of 2, as BatchNorm trains on 2 or more values; halved below, as every count scales with the batch
+    # a batch of 2, as BatchNorm trains on 2 or more values; halved, as every count scales with the batch
     images = torch.empty(2, in_channels, image_size, image_size, device="meta")
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
         images = images.contiguous(memory_format=torch.channels_last)
-
-    def train_step() -> None:
-        model.train()
-        model(images).sum().backward()
-
-    def inference() -> None:
-        model.eval()
-        with torch.no_grad():
-            model(images)
-
-    return {"train": _counted_flops(train_step) // 2, "inference": _counted_flops(inference) // 2}
+    counts: dict[str, int] = {}
+    for kind, training in (("train", True), ("inference", False)):
+        counter = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
+        with counter, torch.set_grad_enabled(training):
+            output = model.train(training)(images)
+            if training:
+                output.sum().backward()
+        counts[kind] = counter.get_total_flops() // 2
+    return counts
 
 
 # Dense peak TFLOP/s from NVIDIA's datasheets and whitepapers: without the 2:4 sparsity of their headline
@@ -114,9 +104,7 @@ def convolutions_use_tf32() -> bool:
 def peak_tflops(device_name: str, precision: str | int, tf32: bool) -> float | None:
     """The dense peak TFLOP/s of ONE device at a Lightning ``precision``; None where the table has no row: no guess."""
     row, column = device_row(device_name), precision_column(precision, tf32)
-    if row is None or column is None:
-        return None
-    return PEAK_TFLOPS[row][column]
+    return None if row is None or column is None else PEAK_TFLOPS[row][column]
 
 
 def mfu(achieved_tflops_per_second: float | None, peak: float | None) -> float | None:

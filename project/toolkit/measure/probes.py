@@ -74,8 +74,7 @@ def _fsdp_gathers(window: AnatomyWindow, net: nn.Module) -> None:
 
 
 def attach(window: AnatomyWindow, trainer: Any, pl_module: nn.Module) -> DDPProbe | None:
-    """Attach the probes that fit this run to ``window`` (the model wrapped, before the first backward); returns
-    ddp's probe, which the timing callback tells where each backward ended."""
+    """Attach the probes that fit this run to ``window`` (model wrapped, no backward yet); returns ddp's, if any."""
     strategy = trainer.strategy
     _while_open(window, lambda: [register_optimizer_step_post_hook(lambda *args: window.point("optimizer_end"))])
     ddp_probe = None

@@ -84,10 +84,8 @@ class StepProfile(Callback):
             self._finish(trainer)
         elif self.summary is None and trainer.is_global_zero:
             log.warning(
-                "step profile: the run ended after %d training steps, before step %d; nothing profiled "
-                "(--trainer.callbacks.first_step sets where the window starts)",
-                self._seen,
-                self.first_step,
+                f"step profile: the run ended after {self._seen} training steps, before step {self.first_step}; "
+                "nothing profiled (--trainer.callbacks.first_step sets where the window starts)"
             )
 
     def _finish(self, trainer: Trainer) -> None:

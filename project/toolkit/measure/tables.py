@@ -20,7 +20,6 @@ def mean_std(mean: float | None, std: float | None, digits: int = 3, unit: str =
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    """A GitHub-flavoured markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 

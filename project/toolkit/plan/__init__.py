@@ -1,7 +1,6 @@
-"""``python -m project plan RUN_DIR --devices N [--nodes M] [--link-gbps B]``: what a measured run would do on
-devices you do not have. From one fit's ``timing.json`` (its step anatomy, network and peak memory) and a link
-(given, or measured here), it predicts each strategy's step, throughput, scaling and memory per device; the
-formulas and what they leave out are in ``docs/plan.md``. Only what is measured here imports torch."""
+"""``python -m project plan RUN_DIR --devices N [--nodes M] [--link-gbps B]``: from one fit's ``timing.json`` and a link
+(given, or measured here), each strategy's step, throughput, scaling and memory per device on devices you do not have
+(the formulas and what they leave out: ``docs/plan.md``). Only what is measured here imports torch."""
 
 from __future__ import annotations
 
@@ -93,7 +92,6 @@ def check_target(args: argparse.Namespace) -> None:
 
 
 def describe_replay(replayed: Replayed) -> str:
-    """One line of what the replay measured."""
     return (
         f"ddp's communication {replayed.ddp_seconds:.3f} s and fsdp's {replayed.fsdp_seconds:.3f} s per step (what "
         f"the compute alone does not take), fsdp's optimizer step {replayed.fsdp_optimizer_factor:.2f}x a whole "

@@ -1,6 +1,5 @@
-"""How long each declared block takes, forward and backward, at the run's batch size and a pipeline's micro-batch
-size: measured once after a single-device fit (``--timing.block_times``) on random images, with the network's
-buffers, gradients and random generators put back."""
+"""How long each declared block takes, forward and backward, at the run's batch and a pipeline's micro-batch size: timed
+once after a single-device fit on random images, the network's buffers, gradients and generators put back."""
 
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ from project.toolkit.measure.devices import SyncingClock, synchronizer
 
 MICRO_BATCHES = 4  # the pipeline strategy's default micro-batches: the second size measured is batch / 4
 Like = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]  # a batch's images: shape, strides, dtype
+Prepare = Callable[[torch.Tensor], torch.Tensor]  # what puts images in the network's form
 
 
 def images_like(batch: Any) -> Like | None:
@@ -45,16 +45,11 @@ def probe_after_fit(
 
 
 def block_seconds(
-    blocks: Sequence[nn.Module],
-    images: torch.Tensor,
-    prepare: Callable[[torch.Tensor], torch.Tensor],
-    clock: Callable[[], float],
-    micro_batches: int = MICRO_BATCHES,
-    repeats: int = 2,
+    blocks: Sequence[nn.Module], images: torch.Tensor, prepare: Prepare, clock: Callable[[], float]
 ) -> dict[str, Any]:
-    """``batch_sizes`` ``[B, B // micro_batches]`` (the second if 2 or more) and per size the ``forward`` and
-    ``backward`` seconds of every block, the fastest of ``repeats``; ``clock()`` waits for the device."""
-    sizes = [len(images)] + ([len(images) // micro_batches] if len(images) // micro_batches >= 2 else [])
+    """``batch_sizes`` ``[B, B // MICRO_BATCHES]`` (the second if 2 or more) and per size the ``forward`` and
+    ``backward`` seconds of every block, the fastest of 2; ``clock()`` waits for the device."""
+    sizes = [len(images)] + ([len(images) // MICRO_BATCHES] if len(images) // MICRO_BATCHES >= 2 else [])
     parameters = [p for block in blocks for p in block.parameters()]
     buffers = [b for block in blocks for b in block.buffers()]
     kept_buffers = [b.detach().clone() for b in buffers]
@@ -63,7 +58,7 @@ def block_seconds(
     try:
         with torch.random.fork_rng(devices=[images.device] if images.device.type == "cuda" else []):
             for size in sizes:
-                runs = [_one_pass(blocks, images[:size], prepare, clock) for _ in range(repeats)]
+                runs = [_one_pass(blocks, images[:size], prepare, clock) for _ in range(2)]
                 result["forward"].append([min(run[0][i] for run in runs) for i in range(len(blocks))])
                 result["backward"].append([min(run[1][i] for run in runs) for i in range(len(blocks))])
     finally:
@@ -76,7 +71,7 @@ def block_seconds(
 
 
 def _one_pass(
-    blocks: Sequence[nn.Module], images: torch.Tensor, prepare: Callable[[torch.Tensor], torch.Tensor], clock: Callable
+    blocks: Sequence[nn.Module], images: torch.Tensor, prepare: Prepare, clock: Callable
 ) -> tuple[list[float], list[float]]:
     for parameter in (p for block in blocks for p in block.parameters()):  # from none, not the run's
         parameter.grad = None

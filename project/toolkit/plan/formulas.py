@@ -45,8 +45,7 @@ def ddp_buckets(parameter_bytes: float, first: float = DDP_FIRST_BUCKET, cap: fl
 
 
 def ddp_exposed_seconds(buckets: list[float], backward: float, world: int, link: Link) -> float:
-    """The all-reduce time left after the backward: each bucket is ready once the backward has produced its share
-    of the gradients (at an even rate per byte), and the all-reduces run one after another."""
+    """The all-reduce time left after the backward: a bucket is ready once the backward (even per byte) filled it."""
     total, ready, finish = sum(buckets), 0.0, 0.0
     for size in buckets:
         ready += size
@@ -62,8 +61,7 @@ def balanced_stages(costs: list[float], stages: int) -> list[list[int]]:
 
 
 def unit_seconds(times: dict[str, Any], kind: str, unit: int, samples: float) -> float:
-    """Seconds of ``unit``'s ``kind`` (``forward`` or ``backward``) for ``samples`` images from its measured
-    times (:mod:`.block_times`): the line through the two batch sizes (per image alone with one size)."""
+    """Seconds of ``unit``'s ``kind`` for ``samples`` images: the line through its times at two batch sizes (or one)."""
     sizes = times["batch_sizes"]
     values = [times[kind][k][unit] for k in range(len(sizes))]
     if len(sizes) < 2 or sizes[0] == sizes[1]:
@@ -83,8 +81,7 @@ def gpipe_step_seconds(forward: list[float], backward: list[float], micro_batche
 def gpipe_shared_seconds(
     forward: list[float], backward: list[float], micro_batches: int, message: float, slowdown: float
 ) -> tuple[float, list[float]]:
-    """GPipe's schedule played out with each stage slowed by how many compute at that moment (``slowdown`` when all
-    do, in proportion between): the step and each stage's busy seconds."""
+    """GPipe's schedule played out, stages slowed by how many compute at once: the step, each stage's busy seconds."""
     stages, m = len(forward), micro_batches
     # each stage's tasks in order: (phase, micro-batch, seconds of work alone)
     tasks = [
@@ -106,9 +103,7 @@ def gpipe_shared_seconds(
             needed = (j + 1, "B", i) if j < stages - 1 else (j, "F", m - 1)
         if needed is None:
             return own
-        if needed not in done:
-            return None
-        return max(own, done[needed] + (message if needed[0] != j else 0.0))
+        return None if needed not in done else max(own, done[needed] + (message if needed[0] != j else 0.0))
 
     while any(position[j] < len(tasks[j]) for j in range(stages)):
         starts = [ready_at(j) for j in range(stages)]

@@ -24,8 +24,7 @@ def core_slowdown(run: Measured, shared_cores: str, devices: int, nodes: int = 1
 
 
 def sharing_here(run: Measured, shared_cores: str, devices: int, nodes: int = 1) -> tuple[float, str]:
-    """For ``--shared-cores auto`` on a one-node CPU run: how much ``devices`` processes computing at once slow
-    each other here, measured (:mod:`.cores`), and a note of what was measured; 1 elsewhere."""
+    """For ``auto`` on a one-node CPU run: how much N processes at once slow each other here (:mod:`.cores`); else 1."""
     if shared_cores != "auto" or run.accelerator != "cpu" or nodes != 1 or devices < 2 or not run.cores:
         return 1.0, ""
     from project.toolkit.plan.cores import measure_core_sharing
@@ -41,8 +40,7 @@ def threads_per_process(run: Measured, devices: int) -> int:
 
 
 def stand_in_work(run: Measured, target: Target) -> list[Any] | None:
-    """Each unit's compute on a device of ``target`` (:class:`.replay.UnitWork`), scaled as :func:`share_seconds`
-    scales it; None where the run timed no blocks."""
+    """Each unit's compute on a device of ``target`` (:class:`.replay.UnitWork`); None where the run timed no blocks."""
     from project.toolkit.plan.replay import UnitWork
 
     times = _block_times(run)
@@ -60,8 +58,7 @@ def stand_in_work(run: Measured, target: Target) -> list[Any] | None:
 
 
 def replay_here(run: Measured, target: Target, link: Link) -> Replayed | None:
-    """ddp's and fsdp's cost per step replayed (:mod:`.replay`) for a one-node CPU run on this machine's processes
-    and link; None elsewhere, where the formulas' collectives stand."""
+    """ddp's and fsdp's cost per step replayed here (:mod:`.replay`) for a one-node CPU run; None elsewhere."""
     devices, numels = target.devices, run.parameter_numels
     here = link.here and run.accelerator == "cpu" and target.nodes == 1 and 2 <= devices <= (os.cpu_count() or 1)
     if not here or not numels or len(numels["units"]) != len(run.units):

@@ -1,5 +1,4 @@
-"""The link between this machine's processes, for ``plan`` without ``--link-gbps``: gloo all-reduces of a few
-sizes, fitted to the ring's cost (on one host: the loopback through memory and the CPU)."""
+"""The link between this machine's processes (``plan`` without ``--link-gbps``): gloo all-reduces fitted to a ring."""
 
 from __future__ import annotations
 
@@ -46,8 +45,7 @@ def _worker(rank: int, world: int, port: int, results: Any) -> None:
 
 
 def fit_ring(times: dict[int, float], world: int) -> tuple[float, float]:
-    """``(latency, bandwidth)`` of the ring's cost: the bandwidth from the two largest messages, the latency from
-    what is left of the smallest one's time."""
+    """``(latency, bandwidth)`` of the ring's cost: bandwidth from the two largest messages, latency the smallest's."""
     sizes = sorted(times)
     small, middle, large = sizes[0], sizes[-2], sizes[-1]
     per_byte = max((times[large] - times[middle]) / (large - middle), 1e-15)

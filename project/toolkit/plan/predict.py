@@ -5,18 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from project.toolkit.plan.formulas import (
-    MIB,
-    all_gather_seconds,
-    balanced_stages,
-    broadcast_seconds,
-    ddp_buckets,
-    ddp_exposed_seconds,
-    gpipe_shared_seconds,
-    gpipe_step_seconds,
-    ring_all_reduce_seconds,
-    unit_seconds,
-)
+from project.toolkit.plan import formulas
+from project.toolkit.plan.formulas import MIB, unit_seconds
 from project.toolkit.plan.inputs import Link, Measured, Replayed, Target
 
 
@@ -94,14 +84,14 @@ def predict_ddp(
     runs past the backward is exposed; with gloo all of it, or what it was ``replayed`` to cost."""
     q, slow, world = _device_share(target, target.world), target.slowdown, target.world
     forward, backward = (t * slow for t in share_seconds(run, q))
-    buckets = ddp_buckets(run.parameter_bytes)
-    broadcast = broadcast_seconds(run.buffer_bytes, world, link) if run.buffer_bytes else 0.0
+    buckets = formulas.ddp_buckets(run.parameter_bytes)
+    broadcast = formulas.broadcast_seconds(run.buffer_bytes, world, link) if run.buffer_bytes else 0.0
     if overlap:
-        exposed = ddp_exposed_seconds(buckets, backward, world, link) + broadcast
+        exposed = formulas.ddp_exposed_seconds(buckets, backward, world, link) + broadcast
     elif replayed is not None:  # its all-reduces and its buffers' broadcasts, replayed
         exposed = replayed.ddp_seconds
     else:
-        exposed = sum(ring_all_reduce_seconds(size, world, link) for size in buckets) + broadcast
+        exposed = sum(formulas.ring_all_reduce_seconds(size, world, link) for size in buckets) + broadcast
     parts = {"data_wait": run.data_wait * q, "compute": forward + backward, "communication": exposed}
     parts |= {"optimizer": run.optimizer * slow, "bubble": 0.0, "rest": run.rest}
     activations = run.activation_bytes_per_sample * run.batch_size * q / MIB
@@ -116,7 +106,7 @@ def predict_fsdp(
     with ``overlap`` behind the previous unit's compute; with gloo none hidden, or what they were ``replayed``."""
     q, slow, world = _device_share(target, target.world), target.slowdown, target.world
     groups = max(1, sum(1 for unit in run.units if unit[2] > 0))
-    gather = all_gather_seconds(run.parameter_bytes, world, link) + (groups - 1) * (world - 1) * link.latency
+    gather = formulas.all_gather_seconds(run.parameter_bytes, world, link) + (groups - 1) * (world - 1) * link.latency
     forward, backward = (t * slow for t in share_seconds(run, q))
     optimizer = run.optimizer * slow / world
     if overlap:
@@ -159,15 +149,15 @@ def predict_pipeline(run: Measured, target: Target, link: Link) -> Prediction:
     stages, m, slow = target.world, target.micro_batches, target.slowdown
     samples = run.batch_size  # one pipeline, no replicas: the whole batch goes through every stage
     costs = [float(unit[1]) or 1.0 for unit in run.units] or [1.0]  # as the strategy counts a block of no FLOPs
-    groups = balanced_stages(costs, stages) if len(costs) >= stages else [list(range(len(costs)))]
+    groups = formulas.balanced_stages(costs, stages) if len(costs) >= stages else [list(range(len(costs)))]
     forward, backward, how = stage_seconds(run, groups, m)
     boundary = max([run.units[g[-1]][3] for g in groups[:-1]] or [0.0])  # bytes per sample sent on
     message = link.latency + boundary * samples / m / link.bandwidth if len(groups) > 1 else 0.0
     if target.shared_cores:  # the stages slow each other only while they compute at the same time
-        schedule, busy_each = gpipe_shared_seconds(forward, backward, m, message, slow)
+        schedule, busy_each = formulas.gpipe_shared_seconds(forward, backward, m, message, slow)
         busy = max(busy_each)
     else:
-        schedule = gpipe_step_seconds(forward, backward, m, message)
+        schedule = formulas.gpipe_step_seconds(forward, backward, m, message)
         busy = m * max(f + b for f, b in zip(forward, backward, strict=True))  # the slowest stage's compute
     communication = 2 * (m + len(groups) - 2) * message
     bubble = max(0.0, schedule - busy - communication)
@@ -208,13 +198,8 @@ def plan(
 ) -> list[Prediction]:
     """Every strategy's prediction for ``target``; ``replayed``: ddp's and fsdp's cost replayed here."""
     overlap = run.accelerator != "cpu" if overlap is None else overlap
-    return [
-        predict_single(run, target),
-        predict_dp(run, target, link),
-        predict_ddp(run, target, link, overlap, replayed),
-        predict_fsdp(run, target, link, overlap, replayed),
-        predict_pipeline(run, target, link),
-    ]
+    ddp_fsdp = [predict_ddp(run, target, link, overlap, replayed), predict_fsdp(run, target, link, overlap, replayed)]
+    return [predict_single(run, target), predict_dp(run, target, link), *ddp_fsdp, predict_pipeline(run, target, link)]
 
 
 def scaling_efficiency(prediction: Prediction, run: Measured) -> float:

@@ -1,6 +1,5 @@
-"""What ddp and fsdp themselves cost a training step on this host, replayed for ``plan`` on a CPU run (where they
-cost far more than their bytes over the link): N processes time a chain of units with the run's parameter sizes,
-standing in for its compute, plain, under ``DistributedDataParallel`` and under ``fully_shard``."""
+"""What ddp and fsdp cost a CPU run's step here (far more than their bytes over the link), replayed for ``plan``: N
+processes time a chain of units of the run's parameter sizes and compute, plain, under DDP and under ``fully_shard``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The strategies Lightning 2 lacks or refuses on a CPU (``dp``, ``dp_balanced``, ``fsdp``, ``pipeline``,
-``single_xla``), the ``xla_cpu`` accelerator, and ``ddp`` with faster settings; what they need of a module:
-:mod:`.contract`."""
+"""Strategies Lightning 2 lacks or refuses on CPUs (``dp``, ``dp_balanced``, ``fsdp``, ``pipeline``, ``single_xla``),
+the ``xla_cpu`` accelerator, and ``ddp`` with faster settings; what they need of a module: :mod:`.contract`."""
 
 from __future__ import annotations
 
@@ -31,12 +30,6 @@ def register_strategies() -> None:
     XLACPUAccelerator.register_accelerators(AcceleratorRegistry)
     # ddp, as Lightning's, but with the gradients kept as views of DDP's buckets (no copy into them each step) and
     # the graph declared static (the same parameters used every step, as in these networks).
-    StrategyRegistry.register(
-        "ddp",
-        DDPStrategy,
-        description="DDP with gradient_as_bucket_view and static_graph",
-        override=True,
-        start_method="popen",
-        gradient_as_bucket_view=True,
-        static_graph=True,
-    )
+    options = dict(start_method="popen", gradient_as_bucket_view=True, static_graph=True)
+    description = "DDP with gradient_as_bucket_view and static_graph"
+    StrategyRegistry.register("ddp", DDPStrategy, description=description, override=True, **options)

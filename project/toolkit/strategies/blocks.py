@@ -32,18 +32,7 @@ def default_blocks(net: nn.Module) -> list[tuple[str, nn.Module]] | None:
     own = getattr(net, "network_blocks", None)
     if callable(own):
         return list(own())
-    if isinstance(net, nn.Sequential):
-        return list(net.named_children())
-    return None
-
-
-def declared_blocks(module: nn.Module) -> list[tuple[str, nn.Module]] | None:
-    """``module.network_blocks()`` if it has one, else :func:`default_blocks` of its ``net``; unchecked."""
-    declare = getattr(module, "network_blocks", None)
-    if callable(declare):
-        return declare()
-    net = getattr(module, "net", None)
-    return default_blocks(net) if isinstance(net, nn.Module) else None
+    return list(net.named_children()) if isinstance(net, nn.Sequential) else None
 
 
 def checked_blocks_or_none(module: nn.Module) -> list[Block] | None:
@@ -56,8 +45,8 @@ def checked_blocks_or_none(module: nn.Module) -> list[Block] | None:
 
 def module_blocks(module: nn.Module, strategy_name: str) -> list[Block]:
     """The checked blocks of ``module.net``; one ``error:`` line naming ``strategy_name`` if none or wrong."""
-    net = module.net
-    declared = declared_blocks(module)
+    net, declare = module.net, getattr(module, "network_blocks", None)  # the module's own, else its net's
+    declared = declare() if callable(declare) else default_blocks(net)
     if declared is None:
         raise ProjectError(
             f"--trainer.strategy={strategy_name} splits the network into blocks, and {type(net).__name__} declares "

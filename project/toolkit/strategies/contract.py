@@ -11,12 +11,8 @@ from torch import nn
 
 from project.toolkit.errors import ProjectError
 
-REQUIRED: dict[str, tuple[str, ...]] = {
-    "dp": ("net",),
-    "dp_balanced": ("net", "criterion", "prepare_images", "training_loss"),
-    "fsdp": ("net",),
-    "pipeline": ("net", "criterion", "prepare_images", "training_loss"),
-}
+EVERY = ("net", "criterion", "prepare_images", "training_loss")  # what dp_balanced and pipeline need
+REQUIRED: dict[str, tuple[str, ...]] = {"dp": ("net",), "dp_balanced": EVERY, "fsdp": ("net",), "pipeline": EVERY}
 
 
 @runtime_checkable
@@ -39,12 +35,8 @@ def check_module(module: object, strategy_name: str) -> None:
     missing = [name for name in needed if not hasattr(module, name)]
     if not missing and isinstance(module.net, nn.Module):
         return
-    what = {
-        "net": "its network in `net` (an nn.Module)",
-        "criterion": "its loss in `criterion`",
-        "prepare_images": "`prepare_images(images)`",
-        "training_loss": "`training_loss(images, labels)`",
-    }
+    what = {"net": "its network in `net` (an nn.Module)", "criterion": "its loss in `criterion`"}
+    what |= {"prepare_images": "`prepare_images(images)`", "training_loss": "`training_loss(images, labels)`"}
     lacking = " and ".join(f"`{name}`" for name in missing) or "`net` that is an nn.Module"
     raise ProjectError(
         f"--trainer.strategy={strategy_name} needs a LightningModule with {', '.join(what[n] for n in needed)}; "

@@ -1,6 +1,5 @@
-"""Lightning's DeepSpeed strategies: a one-line refusal where they cannot run (off CUDA GPUs, or without the
-``deepspeed`` package), and their checkpoint folders consolidated, when used on a single device, into one file
-beside them. ``python -m benchmarks.gpu_check`` exercises them on a GPU."""
+"""Lightning's DeepSpeed strategies: refused in one line off CUDA GPUs or without ``deepspeed``; their checkpoint
+folders consolidated into one file beside them for a single device. ``python -m benchmarks.gpu_check`` runs them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""``fsdp``: FSDP2 (``fully_shard``) on CPUs (gloo) as well as GPUs, through Lightning's ``ModelParallelStrategy``
-with every process in one data-parallel group (Lightning's own ``fsdp`` is FSDP1, GPU only). The module's ``net`` is
-sharded one unit per declared block (:mod:`project.toolkit.strategies.blocks`), then the root."""
+"""``fsdp``: FSDP2 (``fully_shard``) on CPUs (gloo) and GPUs, via Lightning's ``ModelParallelStrategy``, all processes
+in one data-parallel group (Lightning's ``fsdp``: FSDP1, GPUs only); ``net`` sharded a unit per block, then the root."""
 
 from __future__ import annotations
 

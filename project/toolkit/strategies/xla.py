@@ -1,6 +1,5 @@
-"""XLA without a TPU: the ``xla_cpu`` accelerator (torch_xla's one CPU device, ``PJRT_DEVICE=CPU``), under which
-Lightning's single-device XLA strategy runs unchanged, and a ``single_xla`` that works by name. torch_xla pins
-its own torch, so it lives in a separate environment (``make test-xla``)."""
+"""XLA without a TPU: the ``xla_cpu`` accelerator (torch_xla's CPU device, ``PJRT_DEVICE=CPU``) and ``single_xla``,
+which works by name. torch_xla pins its own torch, so it lives in a separate environment (``make test-xla``)."""
 
 from __future__ import annotations
 
