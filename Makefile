@@ -11,7 +11,7 @@ LOGDIR ?= lightning_logs
 VENV_XLA ?= .venv-xla
 PY_XLA := $(VENV_XLA)/bin/python
 
-.PHONY: fit test test-xla lint tensorboard clean
+.PHONY: fit test test-xla test-slurm lint tensorboard clean
 
 # Which build of torch .venv gets. PyPI's, by default: on Linux its CUDA build (about 5.6 GB with its
 # nvidia-* wheels), which runs on a CPU too and is what CI installs. TORCH_INDEX names another index to
@@ -61,8 +61,8 @@ $(VENV)/.installed-dev: pyproject.toml
 fit: $(VENV)/.installed  ## train the default job (configs/default.yaml)
 	$(PY) -m project fit --config configs/default.yaml $(ARGS)
 
-test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included
-	$(PY) -m pytest $(ARGS)
+test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included (the SLURM ones: make test-slurm)
+	$(PY) -m pytest -m "not slurm" $(ARGS)
 
 # Template vs plain PyTorch, both with default options: training overhead, inference, input paths; what
 # host memory reuse gives a CPU run, what the timing callback costs, the Python calls per inference batch.
@@ -106,6 +106,23 @@ $(VENV_XLA)/.installed: pyproject.toml
 # cannot pass without running them.
 test-xla: $(VENV_XLA)/.installed  ## the XLA tests (fit + test on the XLA CPU device), in .venv-xla
 	PJRT_DEVICE=CPU REQUIRE_XLA=1 $(PY_XLA) -m pytest -m xla $(ARGS)
+
+# SLURM for real: the tests marked slurm start a one-node cluster on this machine (munged, slurmctld, slurmd, a
+# config in a temporary folder; tests/slurm_cluster.py) and run scripts/slurm/train.sbatch and srun on it. SLURM
+# comes from the system's packages, installed here where missing (as root, as CI runs); where it cannot be installed
+# or started, the tests say so and are skipped.
+SLURM_PROGRAMS := slurmctld slurmd munged sbatch srun
+test-slurm: $(VENV)/.installed-dev  ## the SLURM tests on a one-node cluster here (installs slurm-wlm, munge if missing)
+	@missing=""; \
+	for program in $(SLURM_PROGRAMS); do command -v $$program >/dev/null || missing="$$missing $$program"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "no$$missing here: installing slurm-wlm and munge (apt-get)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			slurm-wlm munge >/dev/null || echo "note: slurm-wlm and munge did not install; the SLURM tests are skipped"; \
+	elif [ -n "$$missing" ]; then \
+		echo "note: no$$missing here, and installing needs root and apt-get; the SLURM tests will be skipped"; \
+	fi
+	$(PY) -m pytest -m slurm $(ARGS)
 
 lint: $(VENV)/.installed-dev  ## the hooks of .pre-commit-config.yaml (ruff, ruff format, basic checks) on every file
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m pre_commit run --all-files

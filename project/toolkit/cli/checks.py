@@ -154,3 +154,58 @@ def check_trainer_choices(strategy: Any, accelerator: Any, devices: Any) -> None
             f"trainer.accelerator={accelerator!r}, but this machine has no CUDA GPU that torch can use "
             f"(torch {torch.__version__}); use --trainer.accelerator=cpu or auto"
         )
+
+
+def check_slurm_tasks(devices: Any, num_nodes: Any, environ: Any = None) -> None:
+    """Under srun (one process per task, the ranks from SLURM), refuse task counts that do not match
+    ``--trainer.devices`` per node x ``--trainer.num_nodes``, saying what to write: Lightning would stop each task with
+    a traceback, or its processes would wait for ranks that never start (no srun in a job of 2+ tasks)."""
+    env = os.environ if environ is None else environ
+    if "SLURM_NTASKS" not in env or env.get("SLURM_JOB_NAME") in ("bash", "interactive"):  # Lightning's own test
+        return
+
+    def count(value: Any) -> int | None:  # a plain positive number; None for "2(x3)", auto, -1 or absent
+        text = str(value).strip() if isinstance(value, (int, str)) and not isinstance(value, bool) else ""
+        return int(text) if text.isdigit() and int(text) > 0 else None
+
+    ntasks, per_node, nodes = (count(env.get(f"SLURM_{key}")) for key in ("NTASKS", "NTASKS_PER_NODE", "NNODES"))
+    listed = devices if isinstance(devices, (list, tuple)) else str(devices).split(",") if "," in str(devices) else None
+    wanted, wanted_nodes = (
+        len([d for d in listed if str(d).strip()]) if listed else count(devices),
+        count(num_nodes) or 1,
+    )
+    if ntasks is None:
+        return
+    suggested = per_node or (ntasks // nodes if nodes and ntasks % nodes == 0 else ntasks)
+    run = f"--trainer.devices={suggested} --trainer.num_nodes={nodes or wanted_nodes}"
+    if ntasks > 1 and "SLURM_STEP_ID" not in env:
+        problem = (
+            f"this process is not one of the job's {ntasks} tasks (SLURM_NTASKS={ntasks}, but no SLURM_STEP_ID: it was "
+            "started without srun), so it would wait for processes that never start: run `srun python -m project "
+            f"...` with `#SBATCH --ntasks-per-node={suggested}`, one task per device (scripts/slurm/train.sbatch)"
+        )
+    elif ntasks > 1 and "SLURM_NTASKS_PER_NODE" not in env:
+        problem = (
+            f"SLURM started {ntasks} tasks from --ntasks={ntasks} (-n) without --ntasks-per-node, which Lightning "
+            f"needs to place one process per device: use `srun --ntasks-per-node={suggested}` (or `#SBATCH "
+            f"--ntasks-per-node={suggested}`) instead of -n, with {run}"
+        )
+    elif per_node is not None and wanted is not None and per_node != wanted:
+        problem = (
+            f"SLURM starts {per_node} task(s) per node (--ntasks-per-node={per_node}), one process per device, but "
+            f"--trainer.devices={wanted}: write --trainer.devices={per_node} (or run --ntasks-per-node={wanted})"
+        )
+    elif nodes is not None and nodes != wanted_nodes:
+        problem = (
+            f"the SLURM job has {nodes} node(s) (--nodes={nodes}), but --trainer.num_nodes={wanted_nodes}: write "
+            f"--trainer.num_nodes={nodes} (or ask SLURM for --nodes={wanted_nodes})"
+        )
+    elif per_node is not None and nodes is not None and ntasks != per_node * nodes:
+        problem = (
+            f"SLURM started {ntasks} task(s) (SLURM_NTASKS={ntasks}), but {per_node} per node on {nodes} node(s) is "
+            f"{per_node * nodes}, the processes {run} waits for: leave out --ntasks (-n) and give "
+            f"--ntasks-per-node={per_node} --nodes={nodes}"
+        )
+    else:
+        return
+    raise ProjectError(problem)

@@ -112,6 +112,7 @@ class ProjectCLI(LightningCLI):
         config = self.config[self.subcommand]
         trainer = config.trainer
         checks.check_trainer_choices(trainer.get("strategy"), trainer.get("accelerator"), trainer.get("devices"))
+        checks.check_slurm_tasks(trainer.get("devices"), trainer.get("num_nodes"))
         deepspeed.check_deepspeed_choice(trainer.get("strategy"), trainer.get("accelerator"))
         derive_settings(self.subcommand, config)
         self._restore_run_options(config)  # after LightningCLI read the checkpoint
@@ -196,6 +197,17 @@ def run_failed(error: BaseException, context: RunContext) -> BaseException:
     return error
 
 
+def prints_errors(environ: Any = None) -> bool:
+    """Whether this process prints a bad input's ``error:`` line. Every process of a multi-process run meets the same
+    bad input, and one line is enough: where Lightning's launcher or torchrun started the processes, local rank 0 on
+    each machine; under srun (every task has SLURM_PROCID, none LOCAL_RANK), task 0 alone, since all the tasks of a
+    job write into one output file."""
+    environ = os.environ if environ is None else environ
+    if "LOCAL_RANK" in environ:
+        return environ["LOCAL_RANK"] == "0"
+    return environ.get("SLURM_PROCID", "0") == "0"
+
+
 @functools.cache
 def _register_once() -> None:
     """Make the template's strategies known before any Trainer exists, in every process a launcher starts."""
@@ -250,8 +262,7 @@ def main(args: ArgsType = None, model: str = "", data: str = "") -> ProjectCLI:
             _remove_unused_folder(context)
             raise
     except ProjectError as err:
-        # Every process of a multi-process run meets the same bad input: one line per machine is enough.
-        if os.environ.get("LOCAL_RANK", "0") == "0":
+        if prints_errors():
             print(f"error: {messages.worker_error_line(str(err))}", file=sys.stderr)
         raise SystemExit(2) from None
     except ArgumentError as err:
