@@ -16,7 +16,7 @@ import pytest
 from lightning.pytorch import Trainer
 
 from project.data import BASE_FOLDER, META_FILE, TEST_FILE, TRAIN_FILES
-from tests.fixtures import PALETTE
+from tests.fixtures import PALETTE, TINY_RUN
 
 LABEL_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 TRAIN_PER_FILE = 40  # 5 files -> 200 training images
@@ -88,19 +88,7 @@ def cifar_archive(tmp_path_factory: pytest.TempPathFactory, cifar_root: Path) ->
 def tiny_args(tmp_path: Path) -> list[str]:
     """CLI options for a run that takes seconds on a CPU: the tests' own data set (tests/fixtures.py,
     not the template's), 32 px, batch 20, no worker processes, every output under this test's tmp_path."""
-    return [
-        "--data=tests.fixtures.ColourImages",
-        "--data.image_size=32",
-        "--data.batch_size=20",
-        "--data.val_size=40",
-        "--data.num_workers=0",
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=1",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-        "--trainer.log_every_n_steps=1",
-        f"--trainer.default_root_dir={tmp_path}",
-    ]
+    return [*TINY_RUN, "--trainer.devices=1", f"--trainer.default_root_dir={tmp_path}"]
 
 
 @pytest.fixture(autouse=True, scope="session")

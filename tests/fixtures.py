@@ -25,6 +25,21 @@ def colour_images(labels: np.ndarray, rng: np.random.Generator, side: int = 32) 
     return (0.75 * PALETTE[labels][:, None, None, :] + 0.25 * noise).astype(np.uint8)
 
 
+# The options of a run that takes seconds on a CPU with the data set below (conftest's tiny_args adds the devices
+# and the run's folder).
+TINY_RUN = [
+    "--data=tests.fixtures.ColourImages",
+    "--data.image_size=32",
+    "--data.batch_size=20",
+    "--data.val_size=40",
+    "--data.num_workers=0",
+    "--trainer.accelerator=cpu",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+    "--trainer.log_every_n_steps=1",
+]
+
+
 class ColourImages(ImageArrayDataModule):
     """200 training and 60 test images of 32 x 32 x 3 in 10 balanced classes."""
 

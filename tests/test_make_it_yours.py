@@ -74,15 +74,21 @@ def easy_images(count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.nd
 @pytest.fixture(scope="module")
 def outside(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder outside the repository with the README's package, the extra network and the data."""
-    root = tmp_path_factory.mktemp("outside")
+    root = readme_project(tmp_path_factory.mktemp("outside"), train=192, test=64, seed=0)
+    path, _, _ = readme_code()
+    (root / path).parent.joinpath("__init__.py").write_text("")
+    (root / path).parent.joinpath("branches.py").write_text(TWO_BRANCH)
+    return root
+
+
+def readme_project(root: Path, train: int, test: int, seed: int) -> Path:
+    """``root`` with the README's python file at its path and ``my_data/{train,test}.npz`` of that many images."""
     path, code, _ = readme_code()
     (root / path).parent.mkdir(parents=True)
-    (root / path).parent.joinpath("__init__.py").write_text("")
     (root / path).write_text(code)
-    (root / path).parent.joinpath("branches.py").write_text(TWO_BRANCH)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     (root / "my_data").mkdir()
-    for name, count in (("train", 192), ("test", 64)):
+    for name, count in (("train", train), ("test", test)):
         images, labels = easy_images(count, rng)
         np.savez(root / "my_data" / f"{name}.npz", images=images, labels=labels)
     return root
@@ -165,16 +171,7 @@ def test_a_network_that_is_no_sequential_trains_and_tests_under(outside: Path, t
 @pytest.fixture(scope="module")
 def two_thousand(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The README's package beside ``my_data/`` of 2,000 training images: the command as written needs no size."""
-    root = tmp_path_factory.mktemp("two_thousand")
-    path, code, _ = readme_code()
-    (root / path).parent.mkdir(parents=True)
-    (root / path).write_text(code)
-    rng = np.random.default_rng(1)
-    (root / "my_data").mkdir()
-    for name, count in (("train", 2000), ("test", 200)):
-        images, labels = easy_images(count, rng)
-        np.savez(root / "my_data" / f"{name}.npz", images=images, labels=labels)
-    return root
+    return readme_project(tmp_path_factory.mktemp("two_thousand"), train=2000, test=200, seed=1)
 
 
 def as_written(root: Path, options: list[str]) -> subprocess.CompletedProcess:

@@ -21,6 +21,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from project.toolkit.cli.checks import check_slurm_tasks
 from project.toolkit.cli.lightning_cli import prints_errors
 from project.toolkit.errors import ProjectError
+from tests.fixtures import TINY_RUN
 from tests.slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401 (the fixture)
 from tests.test_strategy_runs import REPO, run_project
 
@@ -29,15 +30,7 @@ SCRIPT = REPO / "scripts" / "slurm" / "train.sbatch"
 # tests/conftest.py's tiny_args, for a run folder given per run: 160 training images in global batches of 20 (8 steps
 # an epoch), 2 epochs, a small nn.Sequential (tests/user_nets.py), deterministic kernels.
 TINY = [
-    "--data=tests.fixtures.ColourImages",
-    "--data.image_size=32",
-    "--data.batch_size=20",
-    "--data.val_size=40",
-    "--data.num_workers=0",
-    "--trainer.accelerator=cpu",
-    "--trainer.enable_progress_bar=false",
-    "--trainer.enable_model_summary=false",
-    "--trainer.log_every_n_steps=1",
+    *TINY_RUN,
     "--model.arch=tests.user_nets.sequential_convnet",
     "--trainer.max_epochs=2",
     "--trainer.deterministic=true",
