@@ -1,5 +1,6 @@
 """What a run leaves behind, said at its end: :class:`RunSummary` prints, after each command, the run folder, the
-checkpoints (best and last), ``timing.json`` and ``predictions.csv``, the final metrics and how to open TensorBoard."""
+checkpoints (best and last), ``timing.json`` and ``predictions.csv``, the final metrics and where each logger put them
+(``metrics.csv``, the MLflow run, TensorBoard) and how to open them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 
 # The epoch metrics the model logs (project/model.py), in the order they are shown.
 SHOWN_METRICS = [f"{stage}/{name}" for stage in ("train", "val", "test") for name in ("loss", "acc")]
@@ -62,6 +63,14 @@ def summary_lines(trainer: Trainer, stage: str, log_dir: str | None) -> list[str
     values = trainer.callback_metrics  # ``train/loss 0.4120  val/acc 0.8125``
     if metrics := "  ".join(f"{key} {float(values[key]):.4f}" for key in SHOWN_METRICS if key in values):
         lines.append(f"  final metrics (epoch means): {metrics}")
+    for logger in trainer.loggers:  # the loggers besides TensorBoard (configs/logger/)
+        if isinstance(logger, CSVLogger):
+            lines.append(f"  {'metrics.csv:':<17} {shown_path(Path(logger.log_dir) / 'metrics.csv')}")
+        elif isinstance(logger, MLFlowLogger) and logger.run_id:
+            uri, name = logger.experiment.tracking_uri, logger.experiment.get_experiment(logger.experiment_id).name
+            if uri.startswith("sqlite:///"):  # the local store: its path as the others are shown
+                uri = "sqlite:///" + shown_path(uri.removeprefix("sqlite:///"))
+            lines.append(f"  {'MLflow run:':<17} {logger.run_id} in {name}: mlflow ui --backend-store-uri {uri}")
     if any(isinstance(logger, TensorBoardLogger) for logger in trainer.loggers):
         lines.append(
             f"  open in TensorBoard: tensorboard --logdir {shown_path(folder.parent)}, then its side-by-side "

@@ -38,13 +38,19 @@ HPARAM_METRICS = tuple(
 
 
 class TensorBoardViews(Callback):
-    """Writes the custom-scalars layout into each TensorBoard run and, after fit, the HPARAMS tab (put after timing)."""
+    """Writes the custom-scalars layout into each TensorBoard run and, after fit, the HPARAMS tab (put after timing);
+    other loggers get the run's setup (strategy, devices, precision, ...) as params."""
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if trainer.is_global_zero:  # the layout in SummaryWriter's format (torch's and tensorboardX's)
             layout = {c: {t: ["Multiline", tags] for t, tags in charts.items()} for c, charts in LAYOUT.items()}
             for logger in _tensorboard_loggers(trainer):
                 logger.experiment.add_custom_scalars(layout)
+            # Other loggers (CSV, MLflow) get the run's setup; Lightning then logs the model's and data's options (left
+            # out here: MLflow refuses a param logged again with another value).
+            own = {*pl_module.hparams, *data_settings(trainer)}
+            for logger in [logger for logger in trainer.loggers if not isinstance(logger, TensorBoardLogger)]:
+                logger.log_hyperparams({k: v for k, v in run_hparams(trainer, pl_module).items() if k not in own})
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         loggers = _tensorboard_loggers(trainer)

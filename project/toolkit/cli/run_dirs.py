@@ -2,10 +2,13 @@
 with ``--trainer.logger=false`` (nothing lands in the working directory, ``--ckpt_path=last`` finds it). An evaluation
 of a fit's checkpoint with the fit's setup (:data:`SAME_SETUP`) writes into that fit's folder, its config as
 ``config-<subcommand>.yaml``: it sits with the training it evaluates, and its ModelCheckpoint finds its folder.
+Loggers beside TensorBoard (``configs/logger/``): a CSVLogger's ``metrics.csv`` goes there too (an evaluation's into
+``version_N/<subcommand>``), an MLFlowLogger without a ``tracking_uri`` into ``<default_root_dir>/mlflow.db``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -17,19 +20,26 @@ import yaml
 from jsonargparse import Namespace
 
 from project.toolkit.dotted import section_args
+from project.toolkit.errors import ProjectError
 
 DEFAULT_LOGGER_NAME = "lightning_logs"  # Lightning's default logger's folder
 TENSORBOARD_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"  # Lightning's default logger
+RECORDED = re.compile(r"version_\d+")  # a version (or MLflow run name) placed here, as config.yaml records it
+
+
+def folder_loggers(logger: Any) -> list[Any]:
+    """The TensorBoard and CSV loggers of a config's ``trainer.logger`` (one or a list): those with a ``version_N``."""
+    entries = logger if isinstance(logger, list) else [logger]
+    return [e for e in entries if str(getattr(e, "class_path", "")).endswith(("TensorBoardLogger", "CSVLogger"))]
 
 
 def runs_root(trainer_config: Any) -> Path:
-    """The folder of the ``version_N`` run folders: the logger's ``save_dir/name``, else Lightning's default."""
+    """The folder of the ``version_N`` run folders: the first TensorBoard or CSV logger's ``save_dir/name``."""
     root = Path(trainer_config.get("default_root_dir") or os.getcwd())
-    init_args = getattr(trainer_config.get("logger"), "init_args", None)
+    init_args = next((e.init_args for e in folder_loggers(trainer_config.get("logger"))), None)
     if init_args is None:
         return root / DEFAULT_LOGGER_NAME
-    name = init_args.get("name", DEFAULT_LOGGER_NAME)
-    return Path(init_args.get("save_dir") or root) / (name or "")
+    return root / (init_args.get("save_dir") or "") / (init_args.get("name", DEFAULT_LOGGER_NAME) or "")
 
 
 def next_version(root: Path) -> int:
@@ -82,17 +92,33 @@ def arrange_run_folder(subcommand: str, config: Any) -> str | None:
     fit_run = run_folder_of(config.get("ckpt_path")) if subcommand != "fit" else None
     if fit_run is not None and not same_setup(fit_run, config):
         fit_run = None
+    root_dir, root = trainer.get("default_root_dir") or os.getcwd(), runs_root(trainer)
+    version = fit_run.name if fit_run else f"version_{next_version(root)}"  # one for all the run's loggers
     if logger is False:
-        root = runs_root(trainer)
-        trainer.default_root_dir = str(fit_run or root / f"version_{next_version(root)}")
-    elif logger in (None, True):
-        # Lightning's default logger, without its placeholder hp_metric=-1: TensorBoardViews logs the real ones.
-        where = {"save_dir": trainer.get("default_root_dir") or os.getcwd()}
-        if fit_run is not None:
-            where = {"save_dir": str(fit_run.parent.parent), "name": fit_run.parent.name, "version": fit_run.name}
-        trainer.logger = Namespace(class_path=TENSORBOARD_LOGGER, init_args=Namespace(**where, default_hp_metric=False))
-    else:
-        return None
+        trainer.default_root_dir = str(fit_run or root / version)
+    if logger in (None, True):  # Lightning's default logger, without its placeholder hp_metric=-1 (see views.py)
+        logger = trainer.logger = Namespace(class_path=TENSORBOARD_LOGGER, init_args=Namespace(default_hp_metric=False))
+    for entry in folder_loggers(logger):
+        args = entry.init_args
+        if fit_run is None:  # save_dir: relative to default_root_dir; a config.yaml's version_N: rerun as a new one
+            kept = args.get("version") is not None and not RECORDED.fullmatch(str(args.version))
+            args.save_dir = str(Path(root_dir) / (args.get("save_dir") or ""))
+            args.version = args.version if kept else version
+        elif entry.class_path.endswith("CSVLogger"):  # an evaluation's metrics.csv of its own: the fit's is kept
+            args.save_dir, args.name, args.version = str(fit_run), "", subcommand
+        else:
+            args.save_dir, args.name, args.version = str(fit_run.parent.parent), fit_run.parent.name, version
+    entries = logger if isinstance(logger, list) else [logger]
+    if fit_run is not None:  # TensorBoard first: the first logger's folder is the run folder (the fit's)
+        entries.sort(key=lambda entry: not str(getattr(entry, "class_path", "")).endswith("TensorBoardLogger"))
+    for args in [e.init_args for e in entries if str(getattr(e, "class_path", "")).endswith("MLFlowLogger")]:
+        if importlib.util.find_spec("mlflow") is None:
+            raise ProjectError("trainer.logger: MLFlowLogger needs MLflow, not installed: pip install '.[mlflow]'")
+        if not args.get("run_name") or RECORDED.match(args.run_name):  # named by its run folder
+            args.run_name = f"{version}-{subcommand}"
+        if not args.get("tracking_uri"):  # MLflow's local store, beside the runs
+            where = Path(root_dir).absolute()
+            args.tracking_uri, args.artifact_location = f"sqlite:///{where / 'mlflow.db'}", str(where / "mlruns")
     return None if fit_run is None else f"config-{subcommand}.yaml"
 
 
