@@ -17,13 +17,9 @@ LOCAL_FORM = "--model.weights=path/to/state_dict.pt"
 
 def load_weights(net: nn.Module, weights: str, arch: str, head: str | None) -> None:
     """Load ``weights`` into ``net``, built as ``arch`` (a torchvision name or ``package.module.name``): a torchvision
-    weight name of ``arch`` (``DEFAULT``, ``IMAGENET1K_V1``, ...) or a file holding a state dict (also a Lightning
-    checkpoint whose module keeps the network in ``net``).
-
-    Where the weights' classifier layer ``head`` (a module name in ``net``) has another size (ImageNet's 1000 classes),
-    ``net``'s freshly initialised one stays; 3-channel weights of the first convolution are summed over their channels
-    for a 1-channel ``net`` (grey images). The rest must fit exactly (``strict``), else one error line names the keys.
-    """
+    weight name of ``arch`` (``DEFAULT``, ...) or a state-dict file (or a Lightning checkpoint, its network in ``net``).
+    A classifier ``head`` of another size (ImageNet's 1000 classes) stays freshly initialised, 3-channel weights of the
+    first convolution are summed for a 1-channel ``net``; the rest must fit exactly, else an error names the keys."""
     state, own = _weights_state(weights, arch), net.state_dict()
     fresh = {f"{head}.weight", f"{head}.bias"} if head else set()
     conv = next((f"{name}.weight" for name, m in net.named_modules() if isinstance(m, nn.Conv2d)), None)

@@ -33,12 +33,9 @@ PRESETS = Path(__file__).resolve().parents[3] / "configs" / "bench"
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     presets = sorted(p.relative_to(PRESETS.parents[1]) for p in PRESETS.glob("*.yaml"))
-    parser = OneLineParser(
-        prog="python -m project bench",
-        description="Run a matrix of strategies x archs x batch sizes x device counts x precisions (x variants), "
-        "each cell as its own fit + test, and compare their time and memory. "
-        f"Presets: {', '.join(map(str, presets))}.",
-    )
+    about = "Run a matrix of strategies x archs x batch sizes x device counts x precisions (x variants), each cell as "
+    about += f"its own fit + test, and compare their time and memory. Presets: {', '.join(map(str, presets))}."
+    parser = OneLineParser(prog="python -m project bench", description=about)
     parser.add_argument("--config", type=Path, required=True, help="the matrix: configs/bench/<preset>.yaml")
     parser.add_argument("--out", type=Path, required=True, help="folder for results.{csv,md,png} and runs/")
     return parser.parse_args(argv)

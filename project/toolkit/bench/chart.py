@@ -49,10 +49,8 @@ def _epoch_panel(axis: Any, cells: list[dict[str, Any]], speedup: list[float | N
     means = [_number(r.get("epoch_seconds_mean")) for r in cells]
     stds = [_number(r.get("epoch_seconds_std")) or 0.0 for r in cells]
     bars = axis.bar(positions, [math.nan if m is None else m for m in means], yerr=stds, capsize=4, color="tab:blue")
-    texts = [
-        "" if m is None else f"{m:.3g} s" + ("" if s is None else f"\n{s:.2f}x")
-        for m, s in zip(means, speedup, strict=True)
-    ]
+    pairs = zip(means, speedup, strict=True)
+    texts = ["" if m is None else f"{m:.3g} s" + ("" if s is None else f"\n{s:.2f}x") for m, s in pairs]
     axis.bar_label(bars, labels=texts, fontsize=8, padding=2)
     _axes(axis, cells, f"{arch}: seconds per epoch (steady, mean ± std) and speed-up", "s / epoch", 0.25, work=True)
 
@@ -70,9 +68,8 @@ def _throughput_panel(axis: Any, cells: list[dict[str, Any]], arch: str) -> None
     p50, p90 = ([_number((r.get("test_batch_latency_ms") or {}).get(p)) for r in cells] for p in ("p50", "p90"))
     centre = [math.nan if v is None else v for v in p50]
     above = [0.0 if a is None or b is None else max(b - a, 0.0) for a, b in zip(p50, p90, strict=True)]
-    latency.errorbar(
-        positions, centre, yerr=[[0.0] * len(cells), above], fmt="D", color="black", capsize=3, label="test ms/batch"
-    )
+    whiskers = [[0.0] * len(cells), above]
+    latency.errorbar(positions, centre, yerr=whiskers, fmt="D", color="black", capsize=3, label="test ms/batch")
     for x, y in zip(positions, centre, strict=True):
         if not math.isnan(y):
             latency.annotate(f"{y:.3g} ms", (x, y), textcoords="offset points", xytext=(8, -3), fontsize=7)

@@ -1,6 +1,5 @@
-"""The bench matrix: what a ``configs/bench/<preset>.yaml`` may say (:func:`load_config`) and its cells
-(:func:`expand`): strategies x archs x global batch sizes x device counts x precisions x variants (named lists of
-extra options). A strategy is a registered name or ``pipeline-mb<N>``, the pipeline with N micro-batches."""
+"""The bench matrix: what a ``configs/bench/<preset>.yaml`` may say (:func:`load_config`) and its cells (:func:`expand`)
+of strategies x archs x batch sizes x devices x precisions x variants; a strategy: a name or ``pipeline-mb<N>``."""
 
 from __future__ import annotations
 

@@ -14,10 +14,8 @@ from project.toolkit.bench.config import SINGLE
 from project.toolkit.measure.tables import markdown_table, mean_std, number
 
 # Where a cell's figures were taken, as the timing callback records it; shown once above the tables.
-ENVIRONMENT_KEYS = tuple(
-    "device_name device_count cpu_model cpu_cores cuda cudnn nccl torch lightning torchvision python hostname "
-    "git_commit git_dirty date".split()
-)
+ENVIRONMENT_KEYS = ("device_name", "device_count", "cpu_model", "cpu_cores", "cuda", "cudnn", "nccl", "torch")
+ENVIRONMENT_KEYS += ("lightning", "torchvision", "python", "hostname", "git_commit", "git_dirty", "date")
 PER_CELL = ("date",)  # differs from cell to cell by nature: not a difference of environment
 MISSING = "–"  # a figure a cell did not record
 
@@ -99,9 +97,7 @@ def anatomy_rows(row: dict[str, Any]) -> list[list[str]]:
         step, total = parts.get("step_seconds"), parts.get("parts_sum_seconds")
         others = [_num(parts.get(k), 3) for k in ("communication", "optimizer", "bubble", "rest")]
         share = _num(total / step if _is_number(total) and _is_number(step) and step else None, 2, 100) + " %"
-        rows.append(
-            [f"`{row['cell']}`", str(rank), _num(step, 3), _num(parts.get("data_wait"), 3), compute, *others, share]
-        )
+        rows.append([f"`{row['cell']}`", str(rank), _num(step), _num(parts.get("data_wait")), compute, *others, share])
     return rows
 
 
@@ -116,9 +112,7 @@ def _text(value: Any) -> str:
 
 def environment_section(rows: list[dict[str, Any]]) -> list[str]:
     """The first finished cell's ``environment``, and the cells whose environment differs (``date`` aside)."""
-    recorded = [
-        (r["cell"], r["environment"]) for r in rows if r["status"] == "ok" and isinstance(r.get("environment"), dict)
-    ]
+    recorded = [(r["cell"], env) for r in rows if r["status"] == "ok" and isinstance(env := r.get("environment"), dict)]
     text = ["## Environment", ""]
     if not recorded:
         return [*text, "– (the cells' timing.json files do not record it)", ""]

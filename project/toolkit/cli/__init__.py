@@ -1,6 +1,5 @@
-"""``python -m project``: which program a command line is for, decided before anything heavy is imported. The trainer
-commands are LightningCLI's (torch and Lightning: seconds of imports); ``bench``, ``compare``, ``plan``, the help and
-a mistyped command answer without importing either."""
+"""``python -m project``: which program a command line is for, decided before anything heavy is imported: the trainer
+commands are LightningCLI's (seconds of torch and Lightning imports); the tools, the help and a typo import neither."""
 
 from __future__ import annotations
 
@@ -26,12 +25,7 @@ TOOL_COMMANDS = {
 }
 USAGE = "python -m project"
 
-TOOLS = {
-    "bench": "project.toolkit.bench",
-    "compare": "project.toolkit.bench.compare",
-    "plan": "project.toolkit.plan",
-    "export": "project.toolkit.export",
-}
+TOOLS = {name: f"project.toolkit.{name}" for name in TOOL_COMMANDS} | {"compare": "project.toolkit.bench.compare"}
 
 
 def top_level_help() -> str:

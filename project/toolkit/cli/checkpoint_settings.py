@@ -1,9 +1,7 @@
 """The settings a checkpoint was trained with, against the options of the command using it (``--ckpt_path``).
 LightningCLI silently overrides the model options given with the checkpoint's and leaves the data settings alone.
 Here a model setting given that disagrees is refused (:data:`RUN_OPTIONS` aside), a data setting given is kept with
-a warning, and a setting left at its default is taken from the checkpoint. :data:`BUILD_OPTIONS` are dropped: the
-checkpoint holds the weights they would load.
-"""
+a warning, a setting left at its default is taken from the checkpoint, and :data:`BUILD_OPTIONS` are dropped."""
 
 from __future__ import annotations
 
@@ -26,24 +24,19 @@ BUILD_OPTIONS = ("weights",)  # what the network starts from: null with a checkp
 DATA_SETTINGS = ("image_size", "channels", "batch_size", "val_size", "split_seed", "synthetic", "synthetic_size")
 
 
-def _defaults(cls: Any) -> dict[str, Any]:
-    try:
-        parameters = inspect.signature(cls.__init__).parameters.values()
-    except (TypeError, ValueError):
-        return {}
-    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
-
-
 def _section(config: Any, fallback_class: Any) -> tuple[Any, Any]:
     cls = chosen_class(config)
     return section_args(config), cls if cls is not None else fallback_class
 
 
-def _differing(
-    saved: dict[str, Any], args: Any, defaults: dict[str, Any], keys: Any, on_command_line: set[str]
-) -> tuple[list, list]:
+def _differing(saved: dict, args: Any, cls: Any, keys: Any, argv: list[str], section: str) -> tuple[list, list]:
     """``(given, adopted)``: the keys whose value differs from the checkpoint's, given explicitly or by default."""
-    given, adopted = [], []
+    try:
+        parameters = inspect.signature(cls.__init__).parameters.values()
+    except (TypeError, ValueError):
+        parameters = []
+    defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    on_command_line, given, adopted = command_line_keys(argv, section), [], []
     for key in keys:
         if key not in saved or args is None or key not in args or args[key] == saved[key]:
             continue
@@ -92,9 +85,7 @@ def adopt_checkpoint_settings(
     once LightningCLI applied its hyperparameters: it puts back the :data:`RUN_OPTIONS` that were given."""
     model_args, model_cls = _section(config.get("model"), model_class)
     saved_model = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items() if not k.startswith("_")}
-    given, adopted = _differing(
-        saved_model, model_args, _defaults(model_cls), list(saved_model), command_line_keys(argv, "model")
-    )
+    given, adopted = _differing(saved_model, model_args, model_cls, list(saved_model), argv, "model")
     kept = {key: model_args[key] for key in given if key in RUN_OPTIONS}
     conflicts = [key for key in given if key not in RUN_OPTIONS]
     if conflicts:
@@ -110,9 +101,7 @@ def adopt_checkpoint_settings(
     saved_data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     same_data_set = data_config is not None and saved_data.get("_class_path") in (None, data_config.get("class_path"))
     if same_data_set and data_args is not None:
-        given, adopted = _differing(
-            saved_data, data_args, _defaults(data_cls), DATA_SETTINGS, command_line_keys(argv, "data")
-        )
+        given, adopted = _differing(saved_data, data_args, data_cls, DATA_SETTINGS, argv, "data")
         for key in adopted:
             data_args[key] = saved_data[key]
         notes = ", ".join(filter(None, [notes, _pairs("data", saved_data, adopted)]))

@@ -82,17 +82,6 @@ def check_writable(folder: Path, option: str = "trainer.default_root_dir", value
         ) from None
 
 
-def port_in_use(port: int, host: str = "") -> bool:
-    """Whether another process listens on TCP ``port`` here (one in TIME_WAIT counts as free: the store reuses it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
 def check_master_port(environ: Any = None) -> None:
     """Refuse a ``MASTER_PORT`` already taken here, before the processes start (later: ``EADDRINUSE``)."""
     environ = os.environ if environ is None else environ
@@ -101,11 +90,15 @@ def check_master_port(environ: Any = None) -> None:
         return  # Lightning picks a free port itself
     if not value.isdigit() or not 0 < int(value) < 65536:
         raise ProjectError(f"MASTER_PORT={value} is not a port: use a number between 1 and 65535, or unset it")
-    if port_in_use(int(value)):
-        raise ProjectError(
-            f"MASTER_PORT={value} is already in use on this machine (another run?); unset MASTER_PORT to let the "
-            "run pick a free port, or set one that is free"
-        )
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # a port in TIME_WAIT is free: the store reuses it
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", int(value)))
+        except OSError:
+            raise ProjectError(
+                f"MASTER_PORT={value} is already in use on this machine (another run?); unset MASTER_PORT to let the "
+                "run pick a free port, or set one that is free"
+            ) from None
 
 
 def data_num_classes(data_config: Any) -> int | None:
@@ -157,9 +150,8 @@ def check_trainer_choices(strategy: Any, accelerator: Any, devices: Any) -> None
 
 
 def check_slurm_tasks(devices: Any, num_nodes: Any, environ: Any = None) -> None:
-    """Under srun (one process per task, the ranks from SLURM), refuse task counts that do not match
-    ``--trainer.devices`` per node x ``--trainer.num_nodes``, saying what to write: Lightning would stop each task with
-    a traceback, or its processes would wait for ranks that never start (no srun in a job of 2+ tasks)."""
+    """Under srun, refuse task counts other than ``--trainer.devices`` per node x ``--trainer.num_nodes``, saying what
+    to write: Lightning would end each task in a traceback, or wait for ranks that never start (no srun, 2+ tasks)."""
     env = os.environ if environ is None else environ
     if "SLURM_NTASKS" not in env or env.get("SLURM_JOB_NAME") in ("bash", "interactive"):  # Lightning's own test
         return
@@ -170,10 +162,8 @@ def check_slurm_tasks(devices: Any, num_nodes: Any, environ: Any = None) -> None
 
     ntasks, per_node, nodes = (count(env.get(f"SLURM_{key}")) for key in ("NTASKS", "NTASKS_PER_NODE", "NNODES"))
     listed = devices if isinstance(devices, (list, tuple)) else str(devices).split(",") if "," in str(devices) else None
-    wanted, wanted_nodes = (
-        len([d for d in listed if str(d).strip()]) if listed else count(devices),
-        count(num_nodes) or 1,
-    )
+    wanted = len([d for d in listed if str(d).strip()]) if listed else count(devices)
+    wanted_nodes = count(num_nodes) or 1
     if ntasks is None:
         return
     suggested = per_node or (ntasks // nodes if nodes and ntasks % nodes == 0 else ntasks)

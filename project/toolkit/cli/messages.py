@@ -30,8 +30,7 @@ def with_option_hints(message: str, options: Iterable[str]) -> str:
 
 
 def config_shape_error(message: str, argv: Iterable[str]) -> str | None:
-    """For ``Unexpected config: - a - b`` (a config file that is no mapping), a line naming the file and what it
-    must hold; None for other messages."""
+    """For ``Unexpected config: - a - b`` (a config file that is no mapping), a line naming the file; else None."""
     if not message.startswith("Unexpected config"):
         return None
     import yaml  # only on this error: the commands answer without it otherwise
@@ -53,8 +52,7 @@ def config_shape_error(message: str, argv: Iterable[str]) -> str | None:
 
 
 def unwrap_class_option_error(message: str) -> str:
-    """A refusal of one option of a class chosen by its path, as that option's own (keyed ``data.image_size``);
-    any other message unchanged."""
+    """A refusal of one option of a class chosen by its path as that option's own (``data.image_size``); else as is."""
     key, first = re.match(r'Parser key "([^"]+)":', message), _FIRST_ERROR.search(message)
     given = _GIVEN_CLASS.match(first.group(3)) if key and first else None
     if not (given and given.group(2).startswith("Parser key ")):
@@ -81,7 +79,7 @@ def class_path_error_line(message: str) -> str | None:
     if in_mapping:  # from a config file: name the path, not the whole mapping
         key, value = f"{key}.class_path", in_mapping.group(1)
     if given:
-        reason = re.sub(r"\s*\n\s*", " ", given.group(2).strip())
+        reason = one_line(given.group(2))
     elif "dot import path" in problem:
         reason = "not a dotted path"
     elif "Import path" in problem:
@@ -92,8 +90,7 @@ def class_path_error_line(message: str) -> str | None:
 
 
 def project_error_within(err: BaseException) -> ProjectError | None:
-    """The :class:`ProjectError` a class raised while jsonargparse built it, found in the chain of jsonargparse's
-    own error; None if there is none."""
+    """The :class:`ProjectError` a class raised while jsonargparse built it, in its error's chain; None if none."""
     seen: BaseException | None = err
     while seen is not None and not isinstance(seen, ProjectError):
         seen = seen.__cause__ or seen.__context__
@@ -107,8 +104,7 @@ def init_parameters(cls: type) -> list[str]:
 
 
 def worker_error_line(message: str) -> str:
-    """The message of an error a DataLoader worker raised, which the DataLoader wraps in the worker's traceback:
-    its last line, without the exception's name; other messages as they are."""
+    """A DataLoader worker's error (in its traceback) as its last line, less the exception's name; others as is."""
     if "Original Traceback" not in message:
         return message
     return message.rstrip().splitlines()[-1].partition(": ")[2]

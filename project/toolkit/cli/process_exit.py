@@ -1,8 +1,6 @@
-"""How a process that joined a gloo process group ends, so that a run that finished cannot abort on its way out: a
-gloo worker thread taking the GIL during the interpreter's shutdown aborts the process (``terminate called without an
-active exception``, exit -6; ``fully_shard``'s modules keep the group alive). So such a process ends as ``os._exit``
-is meant for, after the exit handlers ran and the output is flushed (:func:`end_program`); others exit as usual.
-"""
+"""How a process that joined a gloo process group ends: a gloo worker thread taking the GIL during the interpreter's
+shutdown aborts a finished run (``terminate called without an active exception``, exit -6; ``fully_shard``'s modules
+keep the group alive), so such a process ends with ``os._exit`` once the exit handlers ran and the output is flushed."""
 
 from __future__ import annotations
 
@@ -27,28 +25,18 @@ def leave_gloo_process_group() -> None:
         sys.modules["torch.distributed"].destroy_process_group()
 
 
-def exit_status(code: object) -> int:
-    """The status Python exits with for ``SystemExit(code)``, printing ``code`` where Python would."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
-
-
 def end_program(outcome: BaseException | None) -> None:
     """End the process now if it has a gloo group, as Python would after ``outcome`` (None: returned; an exception is
     printed), in Python's order up to its shutdown: threads, exit handlers, flushed output, ``os._exit``."""
     if not in_gloo_process_group():
         return
-    if outcome is None:
-        status = 0
-    elif isinstance(outcome, SystemExit):
-        status = exit_status(outcome.code)
-    else:
+    status = 0 if outcome is None else 130 if isinstance(outcome, KeyboardInterrupt) else 1
+    if isinstance(outcome, SystemExit) and isinstance(outcome.code, int | None):
+        status = outcome.code or 0
+    elif isinstance(outcome, SystemExit):  # a message: printed, as Python does
+        print(outcome.code, file=sys.stderr)
+    elif outcome is not None:
         sys.excepthook(type(outcome), outcome, outcome.__traceback__)
-        status = 130 if isinstance(outcome, KeyboardInterrupt) else 1
     shut_down_threads()
     run_exit_handlers()
     for stream in (sys.stdout, sys.stderr):

@@ -1,6 +1,5 @@
-"""The CIFAR-style augmentation (random crop of the zero-padded image, horizontal flip) as pure functions of
-``(seed, epoch, image index)``: independent of the worker, the order or a resume, and the same batched on the
-device as one image at a time in DataLoader workers."""
+"""The CIFAR-style augmentation (random crop of the zero-padded image, horizontal flip) as pure functions of ``(seed,
+epoch, image index)``: the same whatever the worker, order or resume, batched on the device or per image in workers."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""A LightningDataModule for any image classification set of uint8 images, held in memory as arrays or decoded
-from files in DataLoader workers: the global batch split across processes, training reproducible whatever the
-workers and resumable mid-epoch, evaluation of every image once, augmentation on the device or in the workers
-(:mod:`project.toolkit.data.input_path`)."""
+"""A LightningDataModule for any image classification set of uint8 images, held in memory as arrays or decoded from
+files in DataLoader workers: the global batch split across processes, training reproducible whatever the workers and
+resumable mid-epoch, evaluation of every image once, augmentation on the device or in workers (:mod:`.input_path`)."""
 
 from __future__ import annotations
 
@@ -84,11 +83,8 @@ class ImageArrayDataModule(LightningDataModule):
             num_workers = AUTO
         if image_size is None:
             image_size = self.default_image_size or max(self.image_shape[:2])
-        for name, value, low in (
-            ("image_size", image_size, 1),
-            ("batch_size", batch_size, 1),
-            ("synthetic_size", synthetic_size, 2),
-        ):
+        minimums = {"image_size": (image_size, 1), "batch_size": (batch_size, 1), "synthetic_size": (synthetic_size, 2)}
+        for name, (value, low) in minimums.items():
             if value < low:
                 raise DataError(f"data.{name}={value} is not allowed: it must be an integer >= {low}")
         if not (val_size >= 1 and float(val_size).is_integer() or 0 <= val_size < 1):
@@ -116,8 +112,7 @@ class ImageArrayDataModule(LightningDataModule):
         raise NotImplementedError(f"{type(self).__name__} must define load_split: how to read its images")
 
     def load_val_split(self) -> tuple[Any, np.ndarray] | None:
-        """The validation images and labels where the data set has its own; None: ``val_size`` of the training
-        images are held out."""
+        """The data set's own validation images and labels; None: ``val_size`` of the training images are held out."""
         return None
 
     def prepare_data(self) -> None:
@@ -173,8 +168,7 @@ class ImageArrayDataModule(LightningDataModule):
             warnings.filterwarnings("ignore", message=r"The '\w+_dataloader' does not have many workers")
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the data (Lightning saves it): the normalisation and the class names, which
-        ``export`` builds into the exported graph and ``predict`` names its classes by."""
+        """What checkpoints keep of the data: the normalisation ``export`` builds in, the class names of ``predict``."""
         stats = self.channel_stats
         return {"mean": stats and list(stats.mean), "std": stats and list(stats.std), "label_names": self.label_names}
 
@@ -284,12 +278,8 @@ class ImageArrayDataModule(LightningDataModule):
         workers, trainer = self.num_workers, self.trainer
         # A generator of its own: the workers' base seed would otherwise be drawn from torch's global generator,
         # as often as the workers start, shifting the model's dropout masks.
-        common = {
-            "num_workers": workers,
-            "pin_memory": trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator),
-            "persistent_workers": workers > 0,
-            "generator": torch.Generator().manual_seed(0),
-        }
+        common = dict(num_workers=workers, persistent_workers=workers > 0, generator=torch.Generator().manual_seed(0))
+        common["pin_memory"] = trainer is not None and isinstance(trainer.accelerator, CUDAAccelerator)
         if world > 1 and not train and not predict:
             # Every image once across the ranks (metrics equal one process's), as many batches on each (for fsdp).
             batches = EvenBatchSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank)

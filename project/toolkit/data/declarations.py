@@ -12,8 +12,7 @@ CHANNELS = (1, 3)  # grey or colour: what the networks' first convolution and th
 
 
 def check_declarations(cls: type | object) -> ChannelStats | None:
-    """Refuse a data set (class or instance) whose declarations the pipelines cannot take; its declared
-    statistics, or None."""
+    """Refuse a data set (class or instance) declaring what the pipelines cannot take; its declared stats or None."""
     owner = cls.__name__ if isinstance(cls, type) else type(cls).__name__
     num_classes = getattr(cls, "num_classes", None)
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 2:

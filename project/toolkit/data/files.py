@@ -19,13 +19,8 @@ from project.toolkit.errors import DataError
 class NumpyOnlyUnpickler(pickle.Unpickler):
     """Refuses anything in a pickle but numpy arrays (CIFAR-10's files), so a tampered file cannot run code."""
 
-    _ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store raw bytes
-    }
+    _ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct")}
+    _ALLOWED |= {("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}  # _codecs: protocol 2's raw bytes
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in self._ALLOWED:

@@ -1,6 +1,5 @@
-"""Which input path a run takes, and its DataLoader workers: the data set kept on the device and augmented there in
-batches when it takes at most :data:`MEMORY_SHARE` of the device's memory (a CPU run: of the RAM), else the
-DataLoader, with workers only where they feed an accelerator (on a CPU they take cores from the step)."""
+"""Which input path a run takes: the data set kept on the device and augmented there in batches if it fits in
+:data:`MEMORY_SHARE` of its memory (a CPU run: RAM), else the DataLoader, with workers only to feed an accelerator."""
 
 from __future__ import annotations
 

@@ -67,9 +67,8 @@ class TrainingSampler(DistributedSampler):
 
 
 class KeyBatches:
-    """The on-device path's training batches, without a DataLoader: ``(batch_size, 4)`` int64 rows ``[index, dy,
-    dx, flip]`` of ``sampler``'s shard, whole batches only, each a view of one table made on ``device`` when the
-    epoch starts (one copy an epoch, none a step). ``sampler`` is where Lightning looks for a loader's."""
+    """The on-device path's training batches without a DataLoader: whole ``(batch_size, 4)`` int64 rows ``[index, dy,
+    dx, flip]`` of ``sampler``'s shard, views of one table made on ``device`` per epoch (Lightning reads sampler)."""
 
     def __init__(self, sampler: TrainingSampler, device: torch.device | str = "cpu") -> None:
         self.sampler, self.device = sampler, torch.device(device)

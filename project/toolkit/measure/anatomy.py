@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +15,7 @@ from project.toolkit.measure.devices import DeviceClock
 from project.toolkit.measure.tables import number
 
 Interval = tuple[float, float]
+Intervals = Sequence[Interval]
 PARTS = ("data_wait", "compute", "communication", "optimizer", "bubble", "rest")
 DETAIL = ("forward", "backward")  # the two halves of compute, where known
 FIELDS = ("step_seconds", "parts_sum_seconds", *PARTS, *DETAIL)  # one rank's figures, seconds per step
@@ -46,10 +47,7 @@ class StepTimes:
 
 
 def split_step(
-    step: StepTimes,
-    communication: list[Interval] = (),  # type: ignore[assignment]
-    schedule: list[Interval] = (),  # type: ignore[assignment]
-    stage_compute: list[Interval] = (),  # type: ignore[assignment]
+    step: StepTimes, communication: Intervals = (), schedule: Intervals = (), stage_compute: Intervals = ()
 ) -> dict[str, float | None]:
     """One step in parts (seconds): communication waits taken out wherever they fall, the pipeline's bubble
     (``schedule`` time neither ``stage_compute`` nor communication) out of compute; negative parts clipped at zero."""
@@ -102,11 +100,8 @@ def format_line(anatomy: dict[str, Any]) -> str:
     texts = []
     for index, rank in enumerate(anatomy["ranks"]):
         step = rank.get("step_seconds")
-        shares = [
-            f"{LABELS.get(p, p)} {number(rank[p] / step if step else None, 0, ' %', scale=100)}"
-            for p in PARTS
-            if rank.get(p) is not None
-        ]
+        present = [p for p in PARTS if rank.get(p) is not None]
+        shares = [f"{LABELS.get(p, p)} {number(rank[p] / step if step else None, 0, ' %', scale=100)}" for p in present]
         texts.append(f"rank{index} {number(step, 3, ' s')} = " + " + ".join(shares))
     return " | ".join(texts) + f" ({anatomy['steps']} steps)"
 

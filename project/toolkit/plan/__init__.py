@@ -56,16 +56,12 @@ def table_rows(predictions: list[Prediction], run: Measured) -> list[list[str]]:
     ]
 
 
-LINK_HELP = (
-    "link bandwidth in Gbit/s (default: measured here with gloo, and for a one-node CPU run ddp's and fsdp's cost "
-    "replayed here)"
-)
+LINK_HELP = "link bandwidth in Gbit/s (default: measured here with gloo, and for a one-node CPU run ddp's and fsdp's "
+LINK_HELP += "cost replayed here)"
 BATCH_HELP = "global: the run's batch split across the devices (default); per-device: each keeps it"
-CORES_HELP = (
-    "the devices are processes sharing the machine's CPU cores (auto: for a CPU run on 1 node, from the run's threads "
-    "and cores and how much processes computing at once slow each other here, measured; yes: N times slower than the "
-    "run; no: as fast as the run)"
-)
+CORES_HELP = "the devices are processes sharing the machine's CPU cores (auto: for a CPU run on 1 node, from the run's "
+CORES_HELP += "threads and cores and how much processes computing at once slow each other here, measured; yes: N times "
+CORES_HELP += "slower than the run; no: as fast as the run)"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -83,14 +79,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def check_target(args: argparse.Namespace) -> None:
-    for name in ("devices", "nodes", "micro_batches"):
-        if getattr(args, name) < 1:
-            raise ProjectError(f"plan --{name.replace('_', '-')}={getattr(args, name)} is not allowed: it must be >= 1")
-    if args.link_gbps is not None and not args.link_gbps > 0:
-        raise ProjectError(f"plan --link-gbps={args.link_gbps} is not allowed: it must be a number > 0")
-
-
 def describe_replay(replayed: Replayed) -> str:
     return (
         f"ddp's communication {replayed.ddp_seconds:.3f} s and fsdp's {replayed.fsdp_seconds:.3f} s per step (what "
@@ -101,7 +89,11 @@ def describe_replay(replayed: Replayed) -> str:
 
 def make_plan(args: argparse.Namespace, command: str) -> tuple[str, dict[str, Any]]:
     """The table (text) and the JSON record of ``python -m project plan``."""
-    check_target(args)
+    for name in ("devices", "nodes", "micro_batches"):
+        if getattr(args, name) < 1:
+            raise ProjectError(f"plan --{name.replace('_', '-')}={getattr(args, name)} is not allowed: it must be >= 1")
+    if args.link_gbps is not None and not args.link_gbps > 0:
+        raise ProjectError(f"plan --link-gbps={args.link_gbps} is not allowed: it must be a number > 0")
     run = read_run(args.run_dir)
     sharing, sharing_note = sharing_here(run, args.shared_cores, args.devices, args.nodes)
     slowdown = core_slowdown(run, args.shared_cores, args.devices, args.nodes, sharing)

@@ -52,9 +52,7 @@ def stand_in_work(run: Measured, target: Target) -> list[Any] | None:
     def seconds(kind: str, i: int) -> float:
         return unit_seconds(times, kind, i, samples) * scale[kind] * target.slowdown
 
-    return [
-        UnitWork(seconds("forward", i), seconds("backward", i), unit[3] * samples) for i, unit in enumerate(run.units)
-    ]
+    return [UnitWork(seconds("forward", i), seconds("backward", i), u[3] * samples) for i, u in enumerate(run.units)]
 
 
 def replay_here(run: Measured, target: Target, link: Link) -> Replayed | None:

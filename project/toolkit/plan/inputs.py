@@ -93,10 +93,8 @@ def read_run(path: Path) -> Measured:
     file = path / "timing.json" if path.is_dir() else path
     try:
         timing = json.loads(file.read_text())
-    except (OSError, ValueError) as err:
-        raise ProjectError(
-            f"plan: {file} is not a readable timing.json ({err}); give the run folder of a fit"
-        ) from None
+    except (OSError, ValueError) as e:
+        raise ProjectError(f"plan: {file} is not a readable timing.json ({e}); give the run folder of a fit") from None
     anatomy, network = timing.get("step_anatomy"), timing.get("network")
     if not isinstance(anatomy, dict) or not anatomy.get("ranks") or not isinstance(network, dict):
         raise ProjectError(

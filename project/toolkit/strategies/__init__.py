@@ -12,15 +12,11 @@ from project.toolkit.strategies.pipeline import PipelineStrategy
 from project.toolkit.strategies.xla import SingleXLAStrategy, XLACPUAccelerator
 
 # The names the template offers (docs/strategies.md), for the one line that refuses any other.
-COMMON_STRATEGIES = (
-    "auto", "single_device", "dp", "dp_balanced", "ddp", "fsdp", "pipeline",
-    "deepspeed_stage_2", "deepspeed_stage_3", "xla", "single_xla",
-)  # fmt: skip
+COMMON_STRATEGIES = ("auto", "single_device", "dp", "dp_balanced", "ddp", "fsdp", "pipeline", "deepspeed_stage_2")
+COMMON_STRATEGIES += ("deepspeed_stage_3", "xla", "single_xla")
 
-__all__ = [
-    "DataParallelStrategy", "FullyShardedStrategy", "PipelineStrategy", "SingleXLAStrategy", "XLACPUAccelerator",
-    "COMMON_STRATEGIES", "register_strategies",
-]  # fmt: skip
+__all__ = ["DataParallelStrategy", "FullyShardedStrategy", "PipelineStrategy", "SingleXLAStrategy", "XLACPUAccelerator"]
+__all__ += ["COMMON_STRATEGIES", "register_strategies"]
 
 
 def register_strategies() -> None:

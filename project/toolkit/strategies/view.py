@@ -1,6 +1,5 @@
-"""How a strategy changes what a LightningModule's steps do without writing on the module: it runs them through a
-*view*, an instance of a subclass holding the replacements that shares the module's ``__dict__`` (parameters,
-metrics, trainer), so ``self.log`` and metric updates act on the module, whose object and class stay as they are."""
+"""How a strategy changes a LightningModule's steps without writing on the module: through a *view*, an instance of a
+subclass holding the replacements that shares the module's ``__dict__``: ``self.log`` and metrics act on the module."""
 
 from __future__ import annotations
 
