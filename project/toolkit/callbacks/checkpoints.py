@@ -46,7 +46,8 @@ class Checkpoints(ModelCheckpoint):
         self.saved_step: int | None = None  # the global step of the latest save
         self._previous: dict[int, Any] = {}  # the handlers ours replaced
         self._owner = os.getpid()  # DataLoader workers forked from it inherit the handlers, not the duty
-        self._group: Any = "unset"  # the process group the stop is agreed in (None: the default one)
+        self._group: Any = None  # the process group the stop is agreed in (None: the default one)
+        self._flag: torch.Tensor | None = None  # the one-number buffer it is agreed through; None: one process
 
     @property
     def last_path(self) -> Path | None:
@@ -71,9 +72,10 @@ class Checkpoints(ModelCheckpoint):
         """Replace Lightning's SIGTERM handler, set after on_fit_start, by one that only notes the signal: Lightning's
         runs a collective inside the handler, which deadlocks the ranks when it lands inside another collective
         (https://github.com/Lightning-AI/pytorch-lightning/issues/20806). The ranks agree in on_train_batch_end."""
-        if self._group == "unset":  # once, on every rank alike: creating a group is collective
-            multi = dist.is_available() and dist.is_initialized() and trainer.world_size > 1
-            self._group = dist.new_group(backend="gloo") if multi and dist.get_backend() != "gloo" else None
+        if self._flag is None and dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
+            # once, on every rank alike: creating a group is collective
+            self._group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+            self._flag = torch.zeros(1, dtype=torch.int64)
         if self._previous or threading.current_thread() is not threading.main_thread():
             return
         self.signum, self._owner = None, os.getpid()
@@ -96,10 +98,9 @@ class Checkpoints(ModelCheckpoint):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         super().on_train_batch_end(trainer, pl_module, *args)
         signum = self.signum or 0
-        if self._group != "unset" and dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
-            agreed = torch.tensor([signum])  # a CPU tensor through gloo: no wait for the device
-            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self._group)
-            signum = int(agreed)
+        if self._flag is not None:  # a CPU tensor through gloo: no wait for the device
+            dist.all_reduce(self._flag.fill_(signum), op=dist.ReduceOp.MAX, group=self._group)
+            signum = int(self._flag)
         if signum:
             self.signum = signum
             raise SIGTERMException  # Lightning calls on_exception, which saves, on every rank at this same step
@@ -137,7 +138,7 @@ class Checkpoints(ModelCheckpoint):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._restore_signals()
-        self._group = "unset"
+        self._group, self._flag = None, None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict.get("dirpath", self.dirpath) == self.dirpath:
