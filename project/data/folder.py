@@ -76,7 +76,7 @@ def scan_split(folder: Path, classes: list[str] | None = None) -> tuple[list[Pat
     in one line if the folder is missing or empty, a class has no images, or the classes differ from ``classes``."""
     if not folder.is_dir():
         raise DataError(f"{folder} is not a folder; a split is a folder of class folders of .jpg/.jpeg/.png files")
-    class_folders = sorted(path for path in folder.iterdir() if path.is_dir() and not path.name.startswith("."))
+    class_folders = _subfolders(folder)
     names = [path.name for path in class_folders]
     if not names:
         raise DataError(f"{folder} has no class folders: put each class's images in {folder}/<class name>/")
@@ -88,7 +88,7 @@ def scan_split(folder: Path, classes: list[str] | None = None) -> tuple[list[Pat
         )
     files, labels = [], []
     for label, class_folder in enumerate(class_folders):
-        found = sorted(p for p in class_folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        found = _images_under(class_folder)
         if not found:
             raise DataError(f"class folder {class_folder} has no images ({', '.join(IMAGE_SUFFIXES)})")
         files += found
@@ -96,17 +96,61 @@ def scan_split(folder: Path, classes: list[str] | None = None) -> tuple[list[Pat
     return files, np.asarray(labels, dtype=np.int64), names
 
 
+def _subfolders(folder: Path) -> list[Path]:
+    return sorted(path for path in folder.iterdir() if path.is_dir() and not path.name.startswith("."))
+
+
+def _images_under(folder: Path, recursive: bool = True) -> list[Path]:
+    paths = folder.rglob("*") if recursive else folder.iterdir()
+    return sorted(p for p in paths if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+
+
+def scan_images(folder: Path, classes: list[str], hint: str = "") -> tuple[list[Path], np.ndarray]:
+    """The images to predict in ``folder``: loose ones, and those in folders named by one of ``classes`` (labelled
+    by them; predict reads no labels, loose images get 0). A folder of images named by no class is refused."""
+    if not folder.is_dir():
+        raise DataError(f"{folder} is not a folder; predict takes a folder of .jpg/.jpeg/.png files")
+    holding = [sub for sub in _subfolders(folder) if _images_under(sub)]
+    unknown = [sub.name for sub in holding if sub.name not in classes]
+    if unknown:
+        raise DataError(
+            f"{folder} has image folders {unknown} that are not among the model's classes {classes}{hint}; name "
+            f"class folders as the model's classes, or put the images directly in {folder} to predict them unlabelled"
+        )
+    files = _images_under(folder, recursive=False)
+    labels = [0] * len(files)
+    for sub in holding:
+        found = _images_under(sub)
+        files += found
+        labels += [classes.index(sub.name)] * len(found)
+    if not files:
+        raise DataError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)}) to predict")
+    return files, np.asarray(labels, dtype=np.int64)
+
+
+def checked_classes(classes: Sequence[str]) -> list[str]:
+    """``data.classes`` as a list of names, refused unless two or more distinct, non-empty names."""
+    names = [str(name) for name in classes]
+    if len(names) < 2 or len(set(names)) != len(names) or not all(names):
+        raise DataError(f"data.classes={list(classes)} is not allowed: it must be two or more distinct class names")
+    return names
+
+
 class ImageFolderDataModule(ImageArrayDataModule):
     """Images in class folders: ``data_dir/train/<class>/*.{jpg,jpeg,png}``, validation from ``data_dir/val/``
-    if there is one (else ``val_size`` of the training images), test and predict from ``data_dir/test/``. The
+    if there is one (else ``val_size`` of the training images), test and predict from ``data_dir/test/``;
+    predict, where there is no ``test/``, from ``data_dir`` itself: its images, loose or in class folders. The
     other options are the generic data module's.
 
     Args:
-        data_dir: The data set's folder, holding ``train/`` (and optionally ``val/``, ``test/``).
+        data_dir: The data set's folder, holding ``train/`` (and optionally ``val/``, ``test/``); for predict, also
+            a folder of images.
         image_size: Side of the square images the files are resized and centre-cropped to; null: 112.
         channels: 3: colour (grey files are repeated to three channels); 1: grey (colour files are converted).
         mean: Per-channel mean on the 0-1 scale; null: measured on up to 1,000 training images.
         std: Per-channel standard deviation on the 0-1 scale; null: measured with the mean.
+        classes: The class names, in label order; null: the class folders of ``train/``. Test and predict of a
+            checkpoint take its classes, as its image size, channels, mean and std.
         val_folder: The validation split's folder under ``data_dir``, used where it exists.
         test_folder: The folder under ``data_dir`` that ``test`` and ``predict`` read.
     """
@@ -121,34 +165,56 @@ class ImageFolderDataModule(ImageArrayDataModule):
         channels: Literal[1, 3] = 3,
         mean: list[float] | None = None,
         std: list[float] | None = None,
+        classes: list[str] | None = None,
         val_folder: str = "val",
         test_folder: str = "test",
         **kwargs: Any,
     ) -> None:
         root = Path(data_dir)
         if not root.is_dir():
-            raise DataError(f"data.data_dir={data_dir} is not a folder; it must hold train/<class>/*.jpg|png")
-        self.files, self.labels, names = scan_split(root / "train")
+            raise DataError(
+                f"data.data_dir={data_dir} is not a folder; it must hold train/<class>/*.jpg|png (predict: images)"
+            )
+        self.files: list[Path] | None = None  # the training files, listed when needed
+        if classes is None:
+            self.files, self.labels, names = scan_split(root / "train")
+        else:
+            names = checked_classes(classes)
         size = self.default_image_size if image_size is None else image_size
         self.num_classes, self.image_shape = len(names), (size, size, channels)
         self.mean, self.std = mean, std  # checked (and None: measured) by the generic data module
         super().__init__(data_dir=data_dir, image_size=size, **kwargs)
         self.label_names = names
+        self.hparams["classes"] = names  # resolved: a checkpoint's test and predict take them
+        self._stage = "fit"
+
+    def setup(self, stage: str) -> None:
+        self._stage = stage
+        super().setup(stage)
+
+    def _files(self, paths: list[Path]) -> ImageFiles:
+        return ImageFiles(paths, self.hparams.image_size, self.in_channels, self.data_dir)
 
     def _split_files(self, folder: str) -> tuple[ImageFiles, np.ndarray]:
-        path = self.data_dir / folder
-        files, labels, _ = scan_split(path, self.label_names)
-        return ImageFiles(files, self.hparams.image_size, self.in_channels, self.data_dir), labels
+        files, labels, _ = scan_split(self.data_dir / folder, self.label_names)
+        return self._files(files), labels
 
     def load_split(self, train: bool) -> tuple[ImageFiles, np.ndarray]:
         if train:
-            return ImageFiles(self.files, self.hparams.image_size, self.in_channels, self.data_dir), self.labels
-        if not (self.data_dir / self.hparams.test_folder).is_dir():
-            raise DataError(
-                f"{self.data_dir / self.hparams.test_folder} does not exist: test and predict read "
-                f"data.test_folder={self.hparams.test_folder} under data.data_dir={self.data_dir}"
-            )
-        return self._split_files(self.hparams.test_folder)
+            if self.files is None:
+                self.files, self.labels, _ = scan_split(self.data_dir / "train", self.label_names)
+            return self._files(self.files), self.labels
+        test_folder = self.hparams.test_folder
+        if (self.data_dir / test_folder).is_dir():
+            return self._split_files(test_folder)
+        if self._stage == "predict":  # a folder of new images: loose, or in class folders
+            hint = f" (no data.test_folder={test_folder} there to predict instead)"
+            files, labels = scan_images(self.data_dir, self.label_names, hint)
+            return self._files(files), labels
+        raise DataError(
+            f"{self.data_dir / test_folder} does not exist: test and predict read data.test_folder={test_folder} "
+            f"under data.data_dir={self.data_dir}; predict, without it, the images in data.data_dir"
+        )
 
     def load_val_split(self) -> tuple[ImageFiles, np.ndarray] | None:
         return (

@@ -22,6 +22,7 @@ RUN_OPTIONS = ("compile", "compile_mode", "channels_last")  # how the network ru
 BUILD_OPTIONS = ("weights",)  # what the network starts from: null with a checkpoint (no longer read, may be gone)
 # What makes an evaluation see data as the checkpoint's training did (where and how it is loaded stay the command's).
 DATA_SETTINGS = ("image_size", "channels", "batch_size", "val_size", "split_seed", "synthetic", "synthetic_size")
+LEARNED = ("classes", "mean", "std")  # what the model learned with, where the data set has it as options
 
 
 def _section(config: Any, fallback_class: Any) -> tuple[Any, Any]:
@@ -31,11 +32,7 @@ def _section(config: Any, fallback_class: Any) -> tuple[Any, Any]:
 
 def _differing(saved: dict, args: Any, cls: Any, keys: Any, argv: list[str], section: str) -> tuple[list, list]:
     """``(given, adopted)``: the keys whose value differs from the checkpoint's, given explicitly or by default."""
-    try:
-        parameters = inspect.signature(cls.__init__).parameters.values()
-    except (TypeError, ValueError):
-        parameters = []
-    defaults = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    defaults = init_defaults(cls)
     on_command_line, given, adopted = command_line_keys(argv, section), [], []
     for key in keys:
         if key not in saved or args is None or key not in args or args[key] == saved[key]:
@@ -43,6 +40,19 @@ def _differing(saved: dict, args: Any, cls: Any, keys: Any, argv: list[str], sec
         explicit = key in on_command_line or key not in defaults or args[key] != defaults[key]
         (given if explicit else adopted).append(key)
     return given, adopted
+
+
+def init_defaults(cls: Any) -> dict[str, Any]:
+    """The defaults of the ``__init__`` parameters of ``cls`` and of its bases (whose options a ``**kwargs`` passes
+    on), the nearest class's first."""
+    defaults: dict[str, Any] = {}
+    for klass in getattr(cls, "__mro__", ())[::-1]:
+        try:
+            parameters = inspect.signature(vars(klass)["__init__"]).parameters.values() if "__init__" in vars(klass) else []
+        except (TypeError, ValueError):
+            parameters = []
+        defaults |= {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    return defaults
 
 
 def command_line_keys(argv: list[str], section: str) -> set[str]:
@@ -64,8 +74,13 @@ def adopt_data_set(config: Any, ckpt_path: str | Path, checkpoint: dict[str, Any
     if class_path is None or chosen or data is None or data.get("class_path") == class_path:
         return
     init_args = Namespace(**{key: value for key, value in saved.items() if not key.startswith("_")})
+    parsed, given = section_args(data), sorted(command_line_keys(argv, "data"))
+    kept = [key for key in given if parsed is not None and key in parsed and key in init_args]
+    for key in kept:  # what the command line says of the data (--data.data_dir=NEW) holds for the checkpoint's too
+        init_args[key] = parsed[key]
     config.data = Namespace(class_path=class_path, init_args=init_args)
-    log.info("--ckpt_path=%s: its data set, %s (--data=... evaluates on another)", ckpt_path, class_path)
+    with_given = f" with {_pairs('--data', init_args, kept)}" if kept else ""
+    log.info("--ckpt_path=%s: its data set, %s%s (--data=... evaluates on another)", ckpt_path, class_path, with_given)
 
 
 def check_classes(ckpt_path: str | Path, checkpoint: dict[str, Any], num_classes: int | None) -> None:
@@ -101,7 +116,12 @@ def adopt_checkpoint_settings(
     saved_data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     same_data_set = data_config is not None and saved_data.get("_class_path") in (None, data_config.get("class_path"))
     if same_data_set and data_args is not None:
-        given, adopted = _differing(saved_data, data_args, data_cls, DATA_SETTINGS, argv, "data")
+        given, adopted = _differing(saved_data, data_args, data_cls, (*DATA_SETTINGS, *LEARNED), argv, "data")
+        if "classes" in given:
+            raise ProjectError(
+                f"--ckpt_path={ckpt_path} holds a model of the classes {saved_data['classes']}, but "
+                f"--data.classes={data_args['classes']} was given; leave the option out to use the checkpoint's"
+            )
         for key in adopted:
             data_args[key] = saved_data[key]
         notes = ", ".join(filter(None, [notes, _pairs("data", saved_data, adopted)]))

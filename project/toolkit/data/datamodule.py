@@ -208,6 +208,8 @@ class ImageArrayDataModule(LightningDataModule):
         if self.channel_stats is None:  # of files: on a sample (``train`` is in random order)
             sample = train if isinstance(images, np.ndarray) else train[:STATS_SAMPLE]
             self.channel_stats = measure_channel_stats(images, sample)
+            if "mean" in self.hparams and self.hparams.get("mean") is None:  # options: checkpoints carry them
+                self.hparams["mean"], self.hparams["std"] = list(self.channel_stats.mean), list(self.channel_stats.std)
             log.info(
                 "%s normalises with the statistics of its %d training images: mean=%s std=%s "
                 "(declare them as the class's mean and std to skip measuring)",
