@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from project.__main__ import main
-from project.data import ImageFiles
+from project.data import ImageFiles, ImageFolderDataModule
 from project.model import ImageClassifier
 from project.toolkit.data.augmentation import to_model_input
 from tests.image_folders import CLASSES, image_folder
@@ -86,9 +86,7 @@ def test_class_folders_the_model_does_not_know_are_one_line(
     assert "image folders ['bird', 'cat'] that are not among the model's classes ['horizontal', 'vertical']" in line
 
 
-def test_only_options_given_are_reported_as_given(
-    fitted: tuple[Path, Path], capsys: pytest.CaptureFixture
-) -> None:
+def test_only_options_given_are_reported_as_given(fitted: tuple[Path, Path], capsys: pytest.CaptureFixture) -> None:
     data, run = fitted
     last = run / "checkpoints" / "last.ckpt"
     main(["test", f"--ckpt_path={last}", FOLDER, f"--data.data_dir={data}", *QUIET])
@@ -96,3 +94,34 @@ def test_only_options_given_are_reported_as_given(
     assert "as given" not in err and "data.batch_size=8" in err  # adopted from the checkpoint, silently given
     main(["test", f"--ckpt_path={last}", FOLDER, f"--data.data_dir={data}", "--data.batch_size=4", *QUIET])
     assert "running with data.batch_size=4 as given" in capsys.readouterr().err
+
+
+def test_the_default_batch_is_lowered_on_a_small_folder_and_workers_capped(
+    fitted: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from project.toolkit.data import datamodule
+
+    data, _ = fitted
+    monkeypatch.setattr(datamodule, "usable_cores", lambda: 2)
+    dm = ImageFolderDataModule(data_dir=str(data), image_size=16, num_workers=5)
+    dm.setup("fit")  # 36 training images, 4 held out: a batch of 256 would be one step an epoch
+    assert dm.hparams.batch_size == 3 and dm.per_process_batch_size == 3
+    assert dm.hparams.num_workers == 2 and dm.num_workers == 2
+    given = ImageFolderDataModule(data_dir=str(data), image_size=16, batch_size=8, num_workers=0)
+    given.setup("fit")
+    assert given.hparams.batch_size == 8  # a batch given is kept
+
+
+def test_test_of_a_fit_that_left_settings_unset_writes_into_its_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tests.fixtures import TINY_RUN
+
+    options = [o for o in TINY_RUN if not o.startswith(("--data.image_size", "--data.batch_size"))]
+    options += ["--trainer.devices=1", f"--trainer.default_root_dir={tmp_path}"]
+    main(["fit", *options, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
+    assert "data.batch_size=256 (the default) is lowered to 16" in capsys.readouterr().err
+    runs = tmp_path / "lightning_logs"
+    main(["test", *options, f"--ckpt_path={runs / 'version_0' / 'checkpoints' / 'last.ckpt'}"])
+    assert sorted(p.name for p in runs.iterdir()) == ["version_0"]
+    assert (runs / "version_0" / "config-test.yaml").is_file()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pickle
 import re
 import sys
 from pathlib import Path
@@ -63,14 +64,34 @@ SAME_SETUP = tuple(
 )
 
 
-def same_setup(fit_run: Path, config: Any) -> bool:
-    """Whether ``config`` sets the :data:`SAME_SETUP` options as the ``config.yaml`` of ``fit_run`` did."""
+def same_setup(fit_run: Path, config: Any, resolved: dict[str, Any] | None = None) -> bool:
+    """Whether ``config`` sets the :data:`SAME_SETUP` options as the ``config.yaml`` of ``fit_run`` did; a data
+    setting the fit left unset (null), or that the data module resolved (``resolved``: the checkpoint's data
+    settings), matches what the fit ran with."""
     saved = fit_run / "config.yaml"
     if not saved.is_file():
         return False
     fit_config = yaml.safe_load(saved.read_text()) or {}
     own_config = config.as_dict() if isinstance(config, Namespace) else config
-    return all(setting(own_config, key) == setting(fit_config, key) for key in SAME_SETUP)
+    resolved = resolved or {}
+
+    def same(key: str) -> bool:
+        own, fit = setting(own_config, key), setting(fit_config, key)
+        data_key = key.removeprefix("data.") if key.startswith("data.") else None
+        return own == fit or (data_key is not None and (fit is None or resolved.get(data_key, fit) == own))
+
+    return all(same(key) for key in SAME_SETUP)
+
+
+def checkpoint_data_settings(checkpoint: Any) -> dict[str, Any]:
+    """The data settings a checkpoint file records (its data module's, as resolved in the fit); empty if none."""
+    import torch  # only here: `make tensorboard` runs this module without it
+
+    try:
+        saved = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=False)
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError):  # a folder (sharded), unreadable
+        return {}
+    return dict(saved.get("datamodule_hyper_parameters") or {}) if isinstance(saved, dict) else {}
 
 
 def setting(config: Any, key: str) -> Any:
@@ -90,7 +111,7 @@ def arrange_run_folder(subcommand: str, config: Any) -> str | None:
     trainer = config.trainer
     logger = trainer.get("logger")
     fit_run = run_folder_of(config.get("ckpt_path")) if subcommand != "fit" else None
-    if fit_run is not None and not same_setup(fit_run, config):
+    if fit_run is not None and not same_setup(fit_run, config, checkpoint_data_settings(config.ckpt_path)):
         fit_run = None
     root_dir, root = trainer.get("default_root_dir") or os.getcwd(), runs_root(trainer)
     version = fit_run.name if fit_run else f"version_{next_version(root)}"  # one for all the run's loggers

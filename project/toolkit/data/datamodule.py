@@ -26,9 +26,11 @@ from project.toolkit.data.samplers import EvenBatchSampler, KeyBatches, SliceBat
 from project.toolkit.data.statistics import ChannelStats, measure_channel_stats
 from project.toolkit.errors import DataError
 from project.toolkit.log import get_logger
+from project.toolkit.measure.environment import usable_cores
 
 log = get_logger(__name__)
 
+DEFAULT_BATCH_SIZE = 256  # lowered on a small data set (see _fit_default_batch); a batch given is kept
 STATS_SAMPLE = 1000  # training images decoded to measure the normalisation of a data set of files
 
 
@@ -43,8 +45,10 @@ class ImageArrayDataModule(LightningDataModule):
         download: Download the data set if its files are missing.
         image_size: Side of the square images fed to the model (the images are resized to it); null: the data
             set's ``default_image_size`` (CIFAR-10: 112) or else the side of its declared ``image_shape``.
-        batch_size: GLOBAL batch size: each of the run's N processes loads ``batch_size / N``.
-        num_workers: DataLoader workers per process; ``auto``: none on a CPU run, ``min(4, CPUs per process)`` else.
+        batch_size: GLOBAL batch size: each of the run's N processes loads ``batch_size / N``. The default, 256, is
+            lowered to a tenth of the training images where that is fewer (a small data set).
+        num_workers: DataLoader workers per process; ``auto``: none on a CPU run, ``min(4, CPUs per process)`` else;
+            capped to the CPU cores the process may use.
         val_size: Training images held out (seeded) for validation: a count, or a fraction below 1; 0 trains on
             every image, without validation. Ignored where the data set has validation files of its own.
         synthetic: Use random images and labels instead of files: no disk, no network.
@@ -69,7 +73,7 @@ class ImageArrayDataModule(LightningDataModule):
         data_dir: str = "data",
         download: bool = True,
         image_size: int | None = None,
-        batch_size: int = 256,
+        batch_size: int = DEFAULT_BATCH_SIZE,
         num_workers: int | Literal["auto"] = AUTO,
         val_size: int | float = 0.1,
         synthetic: bool = False,
@@ -147,6 +151,7 @@ class ImageArrayDataModule(LightningDataModule):
             images, labels = self._load(train=True)
             own_val = None if self.hparams.synthetic else self.load_val_split()
             train, val = self._split(len(images)) if own_val is None else (np.arange(len(images)), None)
+            self._fit_default_batch(len(train))
             mean, std = self._normalisation_stats(images, train)
             self._datasets["train"] = AugmentedImages(_take(images, train), labels[train], size, mean, std)
             if own_val is not None:
@@ -158,6 +163,7 @@ class ImageArrayDataModule(LightningDataModule):
                 images, _ = self._load(train=True)
                 self._normalisation_stats(images, self._split(len(images))[0])
             self._datasets["test"] = ImageArrayDataset(*self._load(train=False), self._evaluation_transform())
+        self._cap_workers()
         splits = {"fit": ("train", "val"), "validate": ("val",)}.get(stage, ("test",))
         path = self._input_path = self._choose_input_path(splits)
         log.info("input: %s, %d workers (%s)", path.name, path.num_workers, path.reason)
@@ -166,6 +172,29 @@ class ImageArrayDataModule(LightningDataModule):
         if not path.on_device and path.num_workers == 0 and self.hparams.num_workers == AUTO:
             # Lightning's advice for more workers: auto chose none on a CPU, where they would slow the step.
             warnings.filterwarnings("ignore", message=r"The '\w+_dataloader' does not have many workers")
+
+    def _fit_default_batch(self, count: int) -> None:
+        """The default batch lowered to a tenth of the ``count`` training images where it is more: a handful of
+        steps an epoch does not learn (a batch given explicitly is kept)."""
+        batch, world = self.hparams.batch_size, self.world_size
+        tenth = count // 10 // world * world
+        if batch == DEFAULT_BATCH_SIZE and world <= tenth < batch:
+            log.warning(
+                "data.batch_size=%d (the default) is lowered to %d, a tenth of the %d training images: %d steps an "
+                "epoch would be too few to learn; --data.batch_size=N chooses another",
+                batch,
+                tenth,
+                count,
+                -(-count // batch),
+            )
+            self.hparams["batch_size"] = tenth
+
+    def _cap_workers(self) -> None:
+        """DataLoader workers beyond this process's CPU cores capped to them: more only contend for the cores."""
+        workers, cores = self.hparams.num_workers, usable_cores()
+        if workers != AUTO and workers > cores:
+            log.warning("data.num_workers=%d is capped to %d, the CPU cores this process may use", workers, cores)
+            self.hparams["num_workers"] = cores
 
     def state_dict(self) -> dict[str, Any]:
         """What checkpoints keep of the data: the normalisation ``export`` builds in, the class names of ``predict``."""
