@@ -8,6 +8,7 @@ from project.toolkit.callbacks.checkpoints import Checkpoints
 from project.toolkit.callbacks.estimate import CpuTimeEstimate
 from project.toolkit.callbacks.guards import Guards
 from project.toolkit.callbacks.memory_reuse import HostMemoryReuse
+from project.toolkit.callbacks.precise_bn import PreciseBatchNorm
 from project.toolkit.callbacks.predictions import PredictionWriter
 from project.toolkit.callbacks.progress import ProgressBar
 from project.toolkit.callbacks.reproducibility import ReseedEveryEpoch
@@ -20,6 +21,7 @@ DEFAULT_CALLBACKS: dict[str, type[Callback]] = {
     "checkpoint": Checkpoints,
     "reseed_every_epoch": ReseedEveryEpoch,
     "timing": TimingCallback,
+    "precise_bn": PreciseBatchNorm,  # after timing: its seconds are its own figure, not the epoch's
     "tensorboard_views": TensorBoardViews,  # after timing: it reports timing's figures as hparams
     "guards": Guards,
     "predictions": PredictionWriter,
@@ -34,6 +36,7 @@ CHECKPOINT_DEFAULTS |= {"checkpoint.auto_insert_metric_name": False}
 # The commands a default callback has work in (one not named: every command; the checkpoint and reseed ones stay
 # in all, as Lightning warns of a checkpoint's callback missing from a run that loads it).
 WORKS_IN: dict[str, set[str]] = {"guards": {"fit"}, "cpu_time_estimate": {"fit"}, "predictions": {"predict"}}
+WORKS_IN["precise_bn"] = {"fit"}
 
 
 def left_out_of(command: str) -> set[str]:

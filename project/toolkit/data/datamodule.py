@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -327,6 +327,22 @@ class ImageArrayDataModule(LightningDataModule):
         """Ours even on one process: its order depends only on (seed, epoch), so shards are disjoint and resumable."""
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         return TrainingSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank, seed=seed)
+
+    def training_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This process's augmented training batches of ``epoch`` as ``(images, labels)``, from a loader of their own
+        (the fit's is left where it is): for passes outside the training loop, such as precise BatchNorm."""
+        if not self.on_device:
+            loader = self._loader("train", train=True)
+            loader.sampler.set_epoch(epoch)
+            yield from loader
+            return
+        sampler = self._training_sampler(self._datasets["train"], *self._replica())
+        sampler.set_epoch(epoch)
+        images, labels = self._on_device["train"]
+        size, (mean, std) = self.hparams.image_size, self.channel_stats
+        for keys in KeyBatches(sampler, images.device):
+            index = keys[:, 0]
+            yield augment(rows_of(images, index), keys[:, 1:], size, mean, std), labels.index_select(0, index)
 
     @property
     def num_workers(self) -> int:
