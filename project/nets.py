@@ -13,6 +13,8 @@ Kept apart from the LightningModule so a network can be used, tested or swapped 
 
 from __future__ import annotations
 
+import difflib
+
 import torchvision
 from torch import nn
 from torchvision.models import MobileNetV2, ResNet
@@ -50,8 +52,10 @@ def build_network(arch: str, num_classes: int, in_channels: int = 3, weights: st
     if "." in arch:
         net = _build_from_path(arch, num_classes, in_channels)
     elif arch not in (choices := available_archs()):
+        near = difflib.get_close_matches(arch.lower(), choices, n=2)
+        hint = f"; did you mean {' or '.join(near)}?" if near else ";"
         raise ProjectError(
-            f"model.arch={arch!r} is neither a torchvision classification model nor package.module.name; "
+            f"model.arch={arch!r} is neither a torchvision classification model nor package.module.name{hint} "
             f"torchvision's are: {', '.join(choices)}"
         )
     else:

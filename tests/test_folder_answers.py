@@ -125,3 +125,33 @@ def test_test_of_a_fit_that_left_settings_unset_writes_into_its_folder(
     main(["test", *options, f"--ckpt_path={runs / 'version_0' / 'checkpoints' / 'last.ckpt'}"])
     assert sorted(p.name for p in runs.iterdir()) == ["version_0"]
     assert (runs / "version_0" / "config-test.yaml").is_file()
+
+
+def test_fit_checks_every_split_and_every_file_before_the_first_step(tmp_path: Path) -> None:
+    from project.toolkit.errors import DataError
+    from tests.image_folders import write_split
+
+    root = image_folder(tmp_path / "classes", train=6, test=1)
+    write_split(root / "test", 1, seed=3, classes=("horizontal", "diagonal"))
+    dm = ImageFolderDataModule(data_dir=str(root), image_size=16, batch_size=4, num_workers=0)
+    with pytest.raises(DataError, match=r"test has other classes than the training split: only here \['diagonal'\]"):
+        dm.setup("fit")
+    root = image_folder(tmp_path / "broken", train=6, test=1)
+    whole = (root / "train" / "vertical" / "0001.jpg").read_bytes()
+    (root / "train" / "vertical" / "0001.jpg").write_bytes(whole[: len(whole) // 2])  # cut off: header intact
+    dm = ImageFolderDataModule(data_dir=str(root), image_size=16, batch_size=4, num_workers=0)
+    with pytest.raises(DataError, match=r"vertical/0001.jpg cannot be read as an image \(a truncated JPEG file"):
+        dm.setup("fit")
+    (root / "train" / "horizontal" / "0002.jpg").write_bytes(b"not an image")
+    (root / "train" / "horizontal" / "0003.png").write_bytes(whole)  # a JPEG named .png is fine: Pillow reads it
+    dm = ImageFolderDataModule(data_dir=str(root), image_size=16, batch_size=4, num_workers=0)
+    with pytest.raises(DataError, match=r"^2 image files cannot be read: .*0002.jpg \(not a readable JPEG or PNG"):
+        dm.setup("fit")
+
+
+def test_a_misspelled_architecture_gets_the_nearest_names() -> None:
+    from project.nets import build_network
+    from project.toolkit.errors import ProjectError
+
+    with pytest.raises(ProjectError, match=r"model.arch='mobilenetv2' is neither .*; did you mean mobilenet_v2"):
+        build_network("mobilenetv2", num_classes=3)

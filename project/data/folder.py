@@ -71,6 +71,41 @@ class ImageFiles:
         return image.permute(1, 2, 0).numpy()
 
 
+MAGIC = {b"\xff\xd8\xff": ("JPEG", b"\xff\xd9"), b"\x89PNG\r\n\x1a\n": ("PNG", b"IEND")}  # start, end marker
+TAIL = 1024  # bytes at a file's end searched for its end marker (some writers pad after it)
+
+
+def unreadable_reason(path: Path) -> str | None:
+    """Why ``path`` cannot be decoded, from its first and last bytes (a truncated file lacks its end marker); None
+    if it looks whole. Other formats than JPEG and PNG are asked of Pillow, which reads their header."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(8)
+            file.seek(max(0, file.seek(0, 2) - TAIL))
+            tail = file.read()
+    except OSError as err:
+        return err.strerror or str(err)
+    for magic, (kind, end) in MAGIC.items():
+        if head.startswith(magic):
+            return None if end in tail else f"a truncated {kind} file: it lacks its end marker"
+    try:
+        with Image.open(path):
+            return None
+    except (OSError, ValueError):
+        return "not a readable JPEG or PNG file"
+
+
+def check_readable(paths: Sequence[Path]) -> None:
+    """Refuse, in one line naming them, files that cannot be decoded: before a run, not when a worker meets one."""
+    bad = [(path, reason) for path in paths if (reason := unreadable_reason(path))]
+    if len(bad) == 1:
+        raise DataError(f"{bad[0][0]} cannot be read as an image ({bad[0][1]}); remove it or replace it")
+    if bad:
+        named = ", ".join(f"{path} ({reason})" for path, reason in bad[:3])
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise DataError(f"{len(bad)} image files cannot be read: {named}{more}; remove them or replace them")
+
+
 def scan_split(folder: Path, classes: list[str] | None = None) -> tuple[list[Path], np.ndarray, list[str]]:
     """The image files of one split, their labels (class folders in sorted order) and the class names; refused
     in one line if the folder is missing or empty, a class has no images, or the classes differ from ``classes``."""
@@ -190,9 +225,13 @@ class ImageFolderDataModule(ImageArrayDataModule):
 
     def setup(self, stage: str) -> None:
         self._stage = stage
+        test = self.data_dir / self.hparams.test_folder
+        if stage == "fit" and test.is_dir():  # its classes now, not when test runs after training
+            scan_split(test, self.label_names)
         super().setup(stage)
 
     def _files(self, paths: list[Path]) -> ImageFiles:
+        check_readable(paths)
         return ImageFiles(paths, self.hparams.image_size, self.in_channels, self.data_dir)
 
     def _split_files(self, folder: str) -> tuple[ImageFiles, np.ndarray]:

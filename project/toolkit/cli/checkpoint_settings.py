@@ -46,9 +46,9 @@ def init_defaults(cls: Any) -> dict[str, Any]:
     """The defaults of the ``__init__`` parameters of ``cls`` and of its bases (whose options a ``**kwargs`` passes
     on), the nearest class's first."""
     defaults: dict[str, Any] = {}
-    for klass in getattr(cls, "__mro__", ())[::-1]:
+    for klass in [k for k in getattr(cls, "__mro__", ())[::-1] if "__init__" in vars(k)]:
         try:
-            parameters = inspect.signature(vars(klass)["__init__"]).parameters.values() if "__init__" in vars(klass) else []
+            parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
         except (TypeError, ValueError):
             parameters = []
         defaults |= {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
