@@ -180,12 +180,12 @@ class ImageArrayDataModule(LightningDataModule):
         tenth = count // 10 // world * world
         if batch == DEFAULT_BATCH_SIZE and world <= tenth < batch:
             log.warning(
-                "data.batch_size=%d (the default) is lowered to %d, a tenth of the %d training images: %d steps an "
-                "epoch would be too few to learn; --data.batch_size=N chooses another",
+                "data.batch_size=%d (the default) is lowered to %d, a tenth of the %d training images: %d step(s) "
+                "an epoch would be too few to learn; --data.batch_size=N chooses another",
                 batch,
                 tenth,
                 count,
-                -(-count // batch),
+                count // batch,
             )
             self.hparams["batch_size"] = tenth
 
