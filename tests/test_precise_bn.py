@@ -83,8 +83,9 @@ def test_eval_mode_scores_as_train_mode_on_the_training_images(tmp_path: Path) -
     assert in_train > 0.8 and abs(in_eval - in_train) <= 0.05, (in_eval, in_train)
 
 
-def test_the_statistics_are_the_plain_average_over_training_batches(tiny_args: list[str]) -> None:
-    fit = main(["fit", *tiny_args, "--trainer.max_epochs=1", "--precise_bn.batches=3"])
+@pytest.mark.parametrize("on_device", ["false", "true"])  # DataLoader batches; the on-device path's own
+def test_the_statistics_are_the_plain_average_over_training_batches(tiny_args: list[str], on_device: str) -> None:
+    fit = main(["fit", *tiny_args, "--trainer.max_epochs=1", "--precise_bn.batches=3", f"--data.on_device={on_device}"])
     model, dm = fit.trainer.lightning_module, fit.trainer.datamodule
     members = [m for c in fit.trainer.callbacks for m in getattr(c, "members", [c])]  # also inside a group
     callback = next(m for m in members if isinstance(m, PreciseBatchNorm))

@@ -11,6 +11,7 @@ from typing import Literal
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import move_data_to_device
 from torch import nn
 
 from project.toolkit.errors import ProjectError
@@ -92,7 +93,8 @@ class PreciseBatchNorm(Callback):
         batches = trainer.datamodule.training_batches(trainer.current_epoch)
         with torch.no_grad(), trainer.precision_plugin.forward_context():
             for batch in batches:
-                pl_module(trainer.precision_plugin.convert_input(trainer.strategy.batch_to_device(batch)[0]))
+                images = move_data_to_device(batch[0], trainer.strategy.root_device)  # no batch hooks: made already
+                pl_module(trainer.precision_plugin.convert_input(images))
                 count += 1
                 if count == self.batches:
                     break
