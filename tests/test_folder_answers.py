@@ -105,11 +105,11 @@ def test_the_default_batch_is_lowered_on_a_small_folder_and_workers_capped(
     monkeypatch.setattr(datamodule, "usable_cores", lambda: 2)
     dm = ImageFolderDataModule(data_dir=str(data), image_size=16, num_workers=5)
     dm.setup("fit")  # 36 training images, 4 held out: a batch of 256 would be one step an epoch
-    assert dm.hparams.batch_size == 3 and dm.per_process_batch_size == 3
+    assert dm.hparams.batch_size == 3 and dm.per_process_batch_size == 3 and dm.batch_lowered_from == 256
     assert dm.hparams.num_workers == 2 and dm.num_workers == 2
     given = ImageFolderDataModule(data_dir=str(data), image_size=16, batch_size=8, num_workers=0)
     given.setup("fit")
-    assert given.hparams.batch_size == 8  # a batch given is kept
+    assert given.hparams.batch_size == 8 and given.batch_lowered_from is None  # a batch given is kept
 
 
 def test_test_of_a_fit_that_left_settings_unset_writes_into_its_folder(

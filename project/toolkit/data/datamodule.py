@@ -106,6 +106,7 @@ class ImageArrayDataModule(LightningDataModule):
         self._datasets: dict[str, ImageArrayDataset] = {}
         self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # on_device: images, labels per split
         self._input_path: InputPath | None = None  # chosen in setup, from the options and the machine
+        self.batch_lowered_from: int | None = None  # the default batch, where setup lowered it (a small data set)
 
     def prepare_files(self) -> None:
         """Make :meth:`load_split`'s files available (download them, or say where); once per node, not if synthetic."""
@@ -187,7 +188,7 @@ class ImageArrayDataModule(LightningDataModule):
                 count,
                 count // batch,
             )
-            self.hparams["batch_size"] = tenth
+            self.hparams["batch_size"], self.batch_lowered_from = tenth, batch
 
     def _cap_workers(self) -> None:
         """DataLoader workers beyond this process's CPU cores capped to them: more only contend for the cores."""
