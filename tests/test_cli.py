@@ -15,6 +15,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from project.__main__ import main
 from project.data import CIFAR10DataModule
 from project.model import ImageClassifier
+from project.toolkit.callbacks.group import each_callback
 from project.toolkit.callbacks.progress import RichTrainingBar, rich_installed
 from tests.fixtures import ColourImages
 
@@ -200,7 +201,7 @@ def test_each_command_holds_the_default_callbacks_with_work_in_it(tiny_args: lis
             warnings.simplefilter("always")
             cli = fit if command == "fit" else main([command, *tiny_args, *shown, f"--ckpt_path={last}"])
         assert not [w for w in warned if "callbacks used to create the checkpoint" in str(w.message)], command
-        held = cli.trainer.callbacks
+        held = list(each_callback(cli.trainer))
         for name, kind in DEFAULT_CALLBACKS.items():
             works = command in WORKS_IN.get(name, {command})
             assert any(isinstance(c, kind) for c in held) == works, (command, name)
@@ -212,7 +213,7 @@ def test_each_default_callback_can_be_switched_off(tiny_args: list[str], tmp_pat
     off = main(
         ["fit", *tiny_args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--callbacks.timing=false"]
     )
-    assert TimingCallback not in {type(c) for c in off.trainer.callbacks}
+    assert TimingCallback not in {type(c) for c in each_callback(off.trainer)}
     assert not (Path(off.trainer.log_dir) / "timing.json").exists()
 
 

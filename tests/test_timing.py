@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.data import DataLoader, Dataset
 
 from project.__main__ import main
+from project.toolkit.callbacks.group import each_callback
 from project.toolkit.callbacks.timing import TimingCallback
 from project.toolkit.callbacks.timing_report import batch_size_of
 from project.toolkit.measure.summary import (
@@ -240,7 +241,7 @@ def test_cli_reports_fit_and_test_into_one_run(tiny_args: list[str], tmp_path: P
         "--trainer.logger.init_args.version=0",
     ]
     cli = main(["fit", *tiny_args, *same_run, "--trainer.max_epochs=2", "--trainer.limit_train_batches=3"])
-    assert any(isinstance(c, TimingCallback) for c in cli.trainer.callbacks)  # on by default
+    assert any(isinstance(c, TimingCallback) for c in each_callback(cli.trainer))  # on by default
     assert "Timing of fit" in capsys.readouterr().out
     main(["test", *tiny_args, *same_run, "--ckpt_path=last"])
     assert "Timing of test" in capsys.readouterr().out

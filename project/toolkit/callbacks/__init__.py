@@ -30,6 +30,10 @@ DEFAULT_CALLBACKS: dict[str, type[Callback]] = {
     "host_memory_reuse": HostMemoryReuse,
     "run_summary": RunSummary,  # after timing: it names the timing.json written at the same hook
 }
+# Run as one CallbackGroup: all but those Lightning looks for by type (checkpoint, progress bar, prediction writer).
+GROUPED = tuple(
+    kind for name, kind in DEFAULT_CALLBACKS.items() if name not in ("checkpoint", "progress_bar", "predictions")
+)
 CHECKPOINT_DEFAULTS = {"checkpoint.monitor": "val/acc", "checkpoint.mode": "max", "checkpoint.save_last": True}
 CHECKPOINT_DEFAULTS |= {"checkpoint.filename": "epoch{epoch:03d}-val_acc{val/acc:.4f}"}
 CHECKPOINT_DEFAULTS |= {"checkpoint.auto_insert_metric_name": False}

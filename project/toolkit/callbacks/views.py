@@ -10,6 +10,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from project.toolkit.callbacks.group import find_callback
 from project.toolkit.callbacks.timing import TimingCallback
 from project.toolkit.callbacks.timing_report import run_description
 from project.toolkit.data.datamodule import data_settings
@@ -75,7 +76,7 @@ def _number(value: Any) -> float | None:
 
 def final_metrics(trainer: Trainer) -> dict[str, float | None]:
     """The HPARAMS tab's metrics: the last and best ``val/acc``, steady throughput and epoch time (None: not run)."""
-    timing = next((c.report for c in trainer.callbacks if isinstance(c, TimingCallback)), {})
+    timing = getattr(find_callback(trainer, TimingCallback), "report", {})
     checkpoint = trainer.checkpoint_callback
     best = checkpoint.best_model_score if isinstance(checkpoint, ModelCheckpoint) else None
     values = [trainer.callback_metrics.get("val/acc"), best]

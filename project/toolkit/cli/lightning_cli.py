@@ -24,8 +24,9 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from project.toolkit.callbacks import CHECKPOINT_DEFAULTS, DEFAULT_CALLBACKS, left_out_of
+from project.toolkit.callbacks import CHECKPOINT_DEFAULTS, DEFAULT_CALLBACKS, GROUPED, left_out_of
 from project.toolkit.callbacks.checkpoints import Checkpoints, check_checkpoint_file, find_checkpoint
+from project.toolkit.callbacks.group import find_callback, grouped
 from project.toolkit.callbacks.guards import Guards, out_of_memory_message
 from project.toolkit.cli import checks, messages
 from project.toolkit.cli.checkpoint_settings import adopt_checkpoint_settings, adopt_data_set, check_classes
@@ -143,6 +144,7 @@ class ProjectCLI(LightningCLI):
         if self.config_init[self.subcommand].trainer.get("strategy") == "fsdp":
             kwargs.setdefault("strategy", StrategyRegistry.get("fsdp"))
         trainer = super().instantiate_trainer(**kwargs)
+        trainer.callbacks = grouped(trainer.callbacks, GROUPED)
         self.context.trainer = trainer
         return trainer
 
@@ -181,7 +183,7 @@ def run_failed(error: BaseException, context: RunContext) -> BaseException:
     """What a command that raised ``error`` while running ends with: one line for what the user can fix."""
     trainer = context.trainer
     if isinstance(error, SIGTERMException):  # stopped by a signal, after saving: exit 128 + that signal
-        checkpoints = next((c for c in trainer.callbacks if isinstance(c, Checkpoints)), None) if trainer else None
+        checkpoints = find_callback(trainer, Checkpoints)
         return SystemExit(128 + ((checkpoints and checkpoints.signum) or signal.SIGTERM))
     if isinstance(error, RuntimeError):
         data = trainer.datamodule.hparams if trainer is not None and trainer.datamodule is not None else None
@@ -190,7 +192,7 @@ def run_failed(error: BaseException, context: RunContext) -> BaseException:
             _remove_unused_folder(context)
             return ProjectError(oom)
         # In a multi-process run most often a collective failing because another rank died: name that rank.
-        guards = next((c for c in trainer.callbacks if isinstance(c, Guards)), None) if trainer else None
+        guards = find_callback(trainer, Guards)
         if guards is not None:
             guards.stop_if_lost(wait_seconds=3.0)
     _remove_unused_folder(context)
