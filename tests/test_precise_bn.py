@@ -151,3 +151,21 @@ def test_ddp_processes_hold_the_same_statistics(tmp_path: Path) -> None:
     )  # fmt: skip
     spreads = re.findall(r"rank spread (\S+)", err)  # each process says it, at both validations
     assert len(spreads) == 4 and set(spreads) == {"0.0"}, err[-2000:]
+
+
+def test_a_recalibration_reads_no_more_batches_than_an_epoch_trains(
+    tiny_args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from project.toolkit.data.datamodule import ImageArrayDataModule
+
+    read = []
+    batches = ImageArrayDataModule.training_batches
+
+    def counted(self: ImageArrayDataModule, epoch: int):  # noqa: ANN202
+        for batch in batches(self, epoch):
+            read.append(epoch)
+            yield batch
+
+    monkeypatch.setattr(ImageArrayDataModule, "training_batches", counted)
+    main(["fit", *tiny_args, "--trainer.fast_dev_run=true"])  # one training batch: the smoke run stays seconds
+    assert read == [0]

@@ -6,6 +6,7 @@ neither the weights nor the data, and evaluation scores far below training."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Literal
 
@@ -47,6 +48,7 @@ class PreciseBatchNorm(Callback):
         self.active = False
         self.seconds: list[float] = []  # each recalibration's
         self._done_at: int | None = None  # the global step of the last recalibration
+        self._limit = batches  # the batches one recalibration reads: batches, or fewer if an epoch has fewer
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         steps, self.seconds, self._done_at = trainer.num_training_batches, [], None
@@ -59,11 +61,13 @@ class PreciseBatchNorm(Callback):
             log.info("precise BatchNorm statistics: not with %s (no training_batches)", type(trainer.datamodule))
             on = False
         self.active = on and bool(layers)
+        # No more batches than the fit trains an epoch (limit_train_batches, fast_dev_run: 1).
+        self._limit = min(self.batches, steps) if math.isfinite(steps) else self.batches
         if self.active:
             log.info(
                 "precise BatchNorm statistics: recomputed over up to %d training batches before each validation "
-                "(%d an epoch; --precise_bn.enabled=false switches it off)",
-                self.batches,
+                "(%s an epoch; --precise_bn.enabled=false switches it off)",
+                self._limit,
                 steps,
             )
 
@@ -96,7 +100,7 @@ class PreciseBatchNorm(Callback):
                 images = move_data_to_device(batch[0], trainer.strategy.root_device)  # no batch hooks: made already
                 pl_module(trainer.precision_plugin.convert_input(images))
                 count += 1
-                if count == self.batches:
+                if count == self._limit:
                     break
         batches.close()  # its DataLoader's workers end now
         for layer, (momentum, tracked, mean, var) in zip(layers, kept, strict=True):
