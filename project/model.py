@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from project.nets import build_network, classifier_head, network_blocks
 from project.toolkit.errors import ProjectError
-from project.toolkit.training import SampleMean, WarmupCosine, fusable
+from project.toolkit.training import SampleMean, WarmupCosine, fusable, logging_step
 
 
 class ImageClassifier(LightningModule):
@@ -141,8 +141,7 @@ class ImageClassifier(LightningModule):
         self.train_loss.update(loss.expand(len(labels)))  # the batch's mean, once for each image
         self.train_acc.update(predictions == labels)
         # The step's values only on the steps the loggers write (Lightning's rule): self.log costs host time.
-        every = self.trainer.log_every_n_steps
-        if self.trainer.fast_dev_run or (every and (self.global_step + 1) % every == 0):
+        if logging_step(self.global_step + 1, self.trainer):
             self.log("train/loss_step", loss)
             self.log("train/lr", torch.tensor(self.lr_schedulers().get_last_lr()[0]))  # CPU: no copy to the device
         return loss

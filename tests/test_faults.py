@@ -114,33 +114,27 @@ def test_finite_losses_run_to_the_end(tmp_path: Path) -> None:
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
 
 
-class FakeCopy:
-    """A loss's asynchronous copy to the host on a fake device: ``synchronize`` is a wait for the device, noted
-    with the step the copy was made at and the step the host had reached."""
+def test_the_loss_guard_reads_losses_only_where_the_loggers_write_and_names_the_bad_step() -> None:
+    guard, reads = Guards(lost_rank=False), []
+    trainer = SimpleNamespace(global_step=0, current_epoch=0, log_every_n_steps=5, fast_dev_run=False)
 
-    def __init__(self, trainer: SimpleNamespace, waits: list[tuple[int, int]]) -> None:
-        self.trainer, self.waits, self.step = trainer, waits, trainer.global_step
+    class Loss(torch.Tensor):  # a loss whose value read on the host is noted with the step the host had reached
+        def tolist(self) -> list:
+            reads.append(trainer.global_step)
+            return super().tolist()
 
-    def synchronize(self) -> None:
-        self.waits.append((self.step, self.trainer.global_step))
+    def step(number: int, value: float) -> None:
+        trainer.global_step = number
+        guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(value).as_subclass(Loss)}, None, number - 1)
 
-
-def test_the_loss_guard_waits_only_for_copies_lag_steps_old_and_names_the_bad_step() -> None:
-    guard, trainer, waits = Guards(lost_rank=False), SimpleNamespace(global_step=0, current_epoch=0), []
-    guard.copy_to_host = lambda loss: (loss, FakeCopy(trainer, waits))
-    for step in range(1, 11):
-        trainer.global_step = step
-        guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(1.0)}, None, step - 1)
-    assert Guards.LAG >= 2 and len(waits) == 10 - Guards.LAG  # one wait a step, never for a recent step's copy
-    assert all(now - copied >= Guards.LAG for copied, now in waits), waits
-    guard.on_train_end(trainer, None)  # the last ones, at the end
-    assert [copied for copied, _ in waits] == list(range(1, 11))
-    trainer.global_step = 11
-    guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(float("nan"))}, None, 10)
-    with pytest.raises(ProjectError, match=r"training loss is nan at step 11 \(epoch 0\)"):
-        for step in range(12, 12 + Guards.LAG):
-            trainer.global_step = step
-            guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(1.0)}, None, step - 1)
+    for number in range(1, 8):
+        step(number, 1.0)
+    assert reads == [5]  # all five losses read at once, at the step the loggers write
+    step(8, float("nan"))  # not read yet: no step but the loggers' waits for the device
+    with pytest.raises(ProjectError, match=r"training loss is nan at step 8 \(epoch 0\)"):
+        step(9, 1.0)
+        step(10, 1.0)
+    assert reads == [5, 10]
 
 
 class SignalAt(Callback):

@@ -148,6 +148,8 @@ def test_fast_dev_run_writes_nothing_and_says_so_and_its_bar_shows_the_loss(
 class _LightningBar:
     """The two methods of a Lightning progress bar that the template's bar builds on."""
 
+    total_train_batches = 2
+
     def on_train_batch_end(self, *args: object) -> None:
         pass
 
@@ -160,11 +162,13 @@ def test_the_bar_shows_the_latest_loss_and_lr_and_drops_v_num() -> None:
         pass
 
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.05)
-    trainer, bar = SimpleNamespace(state=SimpleNamespace(fn="fit"), optimizers=[optimizer]), Bar()
+    trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), optimizers=[optimizer], log_every_n_steps=50)
+    trainer.fast_dev_run, bar = False, Bar()
     assert bar.get_metrics(trainer, None) == {"lr": "0.05", "val/acc": 0.5}  # no step yet: no loss
     for step, loss in enumerate([2.0, 1.23456]):
+        trainer.global_step = step + 1
         bar.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, None, step)
-    assert bar.get_metrics(trainer, None) == {"loss": "1.235", "lr": "0.05", "val/acc": 0.5}
+    assert bar.get_metrics(trainer, None) == {"loss": "1.235", "lr": "0.05", "val/acc": 0.5}  # the epoch's last
 
 
 def test_lightnings_advertisement_is_dropped_and_its_information_kept() -> None:

@@ -1,4 +1,5 @@
-"""Generic LightningModule pieces: a warmed-up cosine schedule, a per-sample mean that never syncs, fused optimizers."""
+"""Generic LightningModule pieces: a warmed-up cosine schedule, a per-sample mean that never syncs, the steps the
+loggers write at, fused optimizers."""
 
 from __future__ import annotations
 
@@ -34,6 +35,13 @@ class SampleMean(MeanMetric):
     def reset(self) -> None:
         with torch.inference_mode(False):  # ordinary tensors: the next updates may come outside inference mode
             super().reset()
+
+
+def logging_step(step: int, trainer: Any) -> bool:
+    """Whether the loggers write at training step ``step`` (counted from 1): every ``log_every_n_steps`` steps, every
+    step of a ``fast_dev_run``. The host reads a device value only then, when the loggers wait for the device anyway."""
+    every = trainer.log_every_n_steps
+    return bool(trainer.fast_dev_run) or bool(every and step % every == 0)
 
 
 def fusable(parameters: Iterable[Any]) -> bool:

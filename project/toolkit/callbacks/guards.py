@@ -11,8 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from project.toolkit.dotted import section_args
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.measure.tables import human_bytes
+from project.toolkit.training import logging_step
 
 log = get_logger(__name__)
 
@@ -57,8 +56,9 @@ def out_of_memory_message(error: BaseException, data_config: Any = None) -> str 
 
 
 class Guards(Callback):
-    """Stops training at the first non-finite loss (read ``LAG`` steps late from an asynchronous copy, checked before
-    any save), and every process of the run within seconds of one dying (they would wait on it in a collective).
+    """Stops training at the first non-finite loss, and every process of the run within seconds of one dying (they
+    would wait on it in a collective). The losses are read on the host together where the loggers write
+    (:func:`~project.toolkit.training.logging_step`), at an epoch's end and before any save: a step never waits.
 
     Args:
         finite_loss: Stop at the first non-finite training loss.
@@ -66,14 +66,11 @@ class Guards(Callback):
         poll_seconds: How often the lost-rank watcher looks.
     """
 
-    LAG = 2  # steps between a loss and its check: the host never waits for the step under way or the one before
+    MAX_PENDING = 1000  # losses held at most between two reads (where the loggers write seldom or never)
 
     def __init__(self, finite_loss: bool = True, lost_rank: bool = True, poll_seconds: float = 1.0) -> None:
         self.finite_loss, self.lost_rank, self.poll_seconds = finite_loss, lost_rank, poll_seconds
-        self._pending: deque[tuple[torch.Tensor, Any, int, int]] = deque()  # (loss, its copy's event, step, epoch)
-        self._buffers: dict[int, torch.Tensor] = {}  # LAG + 1 pinned buffers, used in turn
-        self._copies = 0
-        self.copy_to_host: Callable[[torch.Tensor], tuple[torch.Tensor, Any]] = self._copy_to_host  # tests fake it
+        self._pending: list[tuple[torch.Tensor, int, int]] = []  # (loss, step, epoch) not read yet
         self._children: list[subprocess.Popen] = []
         self._parent: tuple[int, int] | None = None  # (pid, global rank) of the process that started this one
         self._rank, self._world = 0, 1
@@ -143,9 +140,12 @@ class Guards(Callback):
         if not self.finite_loss or not isinstance(loss, torch.Tensor):
             return
         # global_step already counts this step: it is the step's number, counted from 1
-        self._pending.append((*self.copy_to_host(loss.detach()), trainer.global_step, trainer.current_epoch))
-        while len(self._pending) > self.LAG:
-            self._check_oldest()
+        self._pending.append((loss.detach(), trainer.global_step, trainer.current_epoch))
+        if logging_step(trainer.global_step, trainer) or len(self._pending) >= self.MAX_PENDING:
+            self._check()
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._check()
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self._check()
@@ -153,30 +153,15 @@ class Guards(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._check()
 
-    def _copy_to_host(self, loss: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """The loss, copied without a wait into one of ``LAG + 1`` pinned buffers on CUDA, and its copy's event."""
-        if not loss.is_cuda:
-            return loss, None
-        slot, self._copies = self._copies % (self.LAG + 1), self._copies + 1  # its last loss was checked already
-        host = self._buffers.get(slot)
-        if host is None or host.shape != loss.shape or host.dtype != loss.dtype:
-            host = self._buffers[slot] = torch.empty(loss.shape, dtype=loss.dtype, pin_memory=True)
-        host.copy_(loss, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record()
-        return host, copied
-
     def _check(self) -> None:
-        while self._pending:
-            self._check_oldest()
-
-    def _check_oldest(self) -> None:
-        loss, copied, step, epoch = self._pending.popleft()
-        if copied is not None:
-            copied.synchronize()  # a copy queued LAG steps ago: done long since, unless the host is far ahead
-        value = float(loss)
-        if not math.isfinite(value):
-            raise ProjectError(
-                f"training loss is {value} at step {step} (epoch {epoch}); stopped, nothing saved from it. "
-                "Lower --model.lr, check the data, or resume from the last good checkpoint with --ckpt_path"
-            )
+        """Read every pending loss at once (one wait for the device) and stop at the first that is not finite."""
+        if not self._pending:
+            return
+        values = torch.stack([loss.reshape(()) for loss, _, _ in self._pending]).float().tolist()
+        pending, self._pending = self._pending, []
+        for value, (_, step, epoch) in zip(values, pending, strict=True):
+            if not math.isfinite(value):
+                raise ProjectError(
+                    f"training loss is {value} at step {step} (epoch {epoch}); stopped, nothing saved from it. "
+                    "Lower --model.lr, check the data, or resume from the last good checkpoint with --ckpt_path"
+                )

@@ -1,13 +1,16 @@
-"""The progress bar: the latest training loss and learning rate, no ``v_num``; rich where installed, else tqdm."""
+"""The progress bar: the logged training loss and the learning rate, no ``v_num``; rich where installed, else tqdm."""
 
 from __future__ import annotations
 
 import importlib.util
+import time
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+
+from project.toolkit.training import logging_step
 
 
 def rich_installed() -> bool:
@@ -15,55 +18,37 @@ def rich_installed() -> bool:
     return importlib.util.find_spec("rich") is not None
 
 
-class LatestValue:
-    """The latest scalar the host can read without waiting: a CUDA one is copied (one at a time) into pinned memory."""
-
-    def __init__(self) -> None:
-        self.value: float | None = None
-        self._copy: tuple[torch.Tensor, torch.cuda.Event] | None = None
-
-    def put(self, tensor: torch.Tensor) -> None:
-        self._collect()
-        if tensor.device.type == "cpu":
-            self.value = float(tensor)
-        elif tensor.is_cuda and self._copy is None:
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-            host.copy_(tensor.detach(), non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
-            self._copy = (host, done)
-
-    def latest(self) -> float | None:
-        self._collect()
-        return self.value
-
-    def _collect(self) -> None:
-        if self._copy is not None and self._copy[1].query():
-            self.value = float(self._copy[0])
-            self._copy = None
-
-
 class LossOnBar:
-    """Mixin for a Lightning progress bar: the latest readable training loss and the learning rate, no ``v_num``."""
+    """Mixin for a Lightning progress bar: the training loss where the loggers last wrote it (or at an epoch's end) and
+    the learning rate, no ``v_num``; updated at most :data:`UPDATES_PER_SECOND` times a second (Lightning's: every
+    step)."""
+
+    UPDATES_PER_SECOND = 10  # as often as the rich bar redraws by default
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.loss = LatestValue()
+        self.loss: float | None = None
+        self._next_update = 0.0
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            self.loss.put(loss)
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # type: ignore[misc]
+        last = batch_idx + 1 >= self.total_train_batches  # type: ignore[attr-defined]
+        read = last or logging_step(trainer.global_step, trainer)
+        if read and isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            self.loss = float(loss)  # read where the loggers, or the epoch's end, wait for the device anyway
+        now = time.monotonic()
+        if last or now >= self._next_update:
+            self._next_update = now + 1 / self.UPDATES_PER_SECOND
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # type: ignore[misc]
 
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
         shown = super().get_metrics(trainer, pl_module)  # type: ignore[misc]
         shown.pop("v_num", None)
         ours = {}
-        if trainer.state.fn == "fit" and (loss := self.loss.latest()) is not None:
-            ours["loss"] = f"{loss:.3f}"
+        if trainer.state.fn == "fit" and self.loss is not None:
+            ours["loss"] = f"{self.loss:.3f}"
         lr = trainer.optimizers[0].param_groups[0].get("lr") if trainer.optimizers else None
         if isinstance(lr, float):
             ours["lr"] = f"{lr:.3g}"
