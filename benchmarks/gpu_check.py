@@ -26,34 +26,35 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import re
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from project.toolkit.bench.matrix import (
-    end_all_sessions,
-    ending_sessions_on_sigterm,
-    project_command,
-    run_in_own_session,
+from benchmarks.gpu_check_report import write_report
+from benchmarks.gpu_common import (
+    REPO,
+    last_lines,
+    newest_run,
+    newest_timing,
+    no_gpu_line,
+    run_logged,
+    slug,
 )
+from project.toolkit.bench.matrix import end_all_sessions, ending_sessions_on_sigterm, project_command
 
-REPO = Path(__file__).resolve().parents[1]
+__all__ = ["REPO", "main", "no_gpu_line", "run_all", "run_path", "select", "write_report"]
+
 RESULTS = REPO / "benchmarks" / "results"
 CHECK_BATCHES = 10  # training batches per epoch of a check: enough for every hook, a few seconds on any GPU
 CHECK_BATCH_SIZE = 128
-ERROR_LINES = 8  # of a failing command's output, in the report
 DP_SINGLE = "DataParallel needs 2 or more to split a batch, so this runs as a single-device run"
 RESTORED = "Restoring states from the checkpoint path"  # Lightning's line when it resumes
 NAN_STOP = "training loss is"  # the Guards callback's one line for a non-finite loss
@@ -62,47 +63,7 @@ NAN_STOP = "training loss is"  # the Guards callback's one line for a non-finite
 Check = Callable[[Path, str], str | None]
 
 
-def no_gpu_line(tool: str = "gpu-check") -> str | None:
-    """The one line ``tool`` prints on a machine without a usable CUDA GPU; None where there is one."""
-    if torch.cuda.is_available():
-        return None
-    build = "yes" if torch.version.cuda else "no"
-    return f"{tool}: no CUDA GPU here (torch {torch.__version__}, CUDA build: {build}); nothing to check"
-
-
-def slug(text: str) -> str:
-    """A folder name from a device name.
-
-    >>> slug("NVIDIA H100 80GB HBM3")
-    'nvidia-h100-80gb-hbm3'
-    """
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
 # --------------------------------------------------------------------------- what a run left
-
-
-def _version(folder: Path) -> int:
-    suffix = folder.name.removeprefix("version_")
-    return int(suffix) if suffix.isdigit() else -1
-
-
-def newest_run(root: Path) -> Path | None:
-    """The newest ``lightning_logs/version_N`` under ``root``: the run folder of the latest command."""
-    runs = sorted((root / "lightning_logs").glob("version_*"), key=_version)
-    return runs[-1] if runs else None
-
-
-def newest_json(root: Path, name: str) -> dict[str, Any] | None:
-    """The JSON file ``name`` of the latest command's run folder (None if it wrote none)."""
-    run = newest_run(root)
-    path = run / name if run is not None else None
-    return json.loads(path.read_text()) if path is not None and path.is_file() else None
-
-
-def newest_timing(root: Path) -> dict[str, Any]:
-    """The latest command's ``timing.json`` ({} if it wrote none)."""
-    return newest_json(root, "timing.json") or {}
 
 
 def wrote_timing(key: str) -> Check:
@@ -271,21 +232,6 @@ def common_args(root: Path, batches: int = CHECK_BATCHES, batch_size: int = CHEC
     ]
 
 
-def run_logged(command: list[str], log: Path, timeout_s: float) -> tuple[int | None, str, float]:
-    """Run ``command`` from the repository root (so ``python -m project`` is this checkout's) with its
-    output (stdout and stderr) in ``log``; its exit status (None: timed out, killed), its output and
-    its wall time."""
-    start = time.perf_counter()
-    with open(log, "w") as out:
-        code = run_in_own_session(command, out, subprocess.STDOUT, timeout_s, cwd=REPO)
-    return code, log.read_text(errors="replace"), time.perf_counter() - start
-
-
-def last_lines(output: str, count: int = ERROR_LINES) -> list[str]:
-    """The last ``count`` non-empty lines: where a traceback or a one-line error is."""
-    return [line for line in output.splitlines() if line.strip()][-count:]
-
-
 def figures(timing: dict[str, Any]) -> dict[str, Any]:
     """What the report shows of a command's ``timing.json``."""
     picked = {
@@ -335,80 +281,6 @@ def run_path(path: CheckPath, root: Path, timeout_s: float) -> dict[str, Any]:
         if step.succeeds:
             result["figures"].update(figures(newest_timing(root)))
     return {**result, "status": "pass", "reason": None, "seconds": time.perf_counter() - start}
-
-
-# --------------------------------------------------------------------------- the report
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def write_report(
-    results: list[dict[str, Any]], environment: dict[str, Any], out: Path, command: str
-) -> tuple[Path, Path]:
-    """``gpu-check.md`` and ``gpu-check.json`` in ``out``: the environment, one row per path (pass, fail or
-    skip, with its figures), and the last lines of each failing command."""
-    from project.toolkit.measure.tables import (  # imports the project (and Lightning): only when reporting
-        markdown_table,
-        number,
-    )
-
-    out.mkdir(parents=True, exist_ok=True)
-    counts = {s: sum(r["status"] == s for r in results) for s in ("pass", "fail", "skip")}
-    rows = []
-    for r in results:
-        f = r.get("figures", {})
-        outcome = {"pass": "pass", "fail": "**FAIL**", "skip": "skip"}[r["status"]]
-        rows.append(
-            [
-                f"`{r['name']}`",
-                _cell(r["what"]),
-                outcome + (f": {_cell(r['reason'])}" if r.get("reason") else ""),
-                number(r.get("seconds"), 0, missing="–"),
-                number(f.get("epoch_seconds_mean"), 2, missing="–"),
-                number(f.get("train_samples_per_second") or f.get("test_samples_per_second"), 0, missing="–"),
-                number(f.get("mfu"), 1, missing="–", scale=100),
-                number(f.get("peak_memory_mb"), 0, missing="–"),
-            ]
-        )
-    text = [
-        "# GPU check",
-        "",
-        f"Produced by `{command}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: "
-        f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped.",
-        "",
-        "## Environment",
-        "",
-        markdown_table(["", "value"], [[key, f"`{value}`"] for key, value in environment.items()]),
-        "",
-        "## Paths",
-        "",
-        "Each command ran as `python -m project ...` in a fresh process on synthetic data at 112 px. Figures are",
-        "from its `timing.json`: steady epoch seconds, images/s (training, or test for test-only paths), MFU",
-        "where the run reports it, peak allocated GPU memory.",
-        "",
-        markdown_table(["path", "what", "result", "s", "s/epoch", "img/s", "MFU %", "peak MiB"], rows),
-        "",
-    ]
-    failures = [r for r in results if r["status"] == "fail"]
-    if failures:
-        text += ["## Failures", ""]
-        for r in failures:
-            text += [
-                f"### `{r['name']}`: {r['reason']}",
-                "",
-                f"`{r['commands'][-1]}`" if r["commands"] else "",
-                "",
-                "```",
-                *r.get("error_lines", []),
-                "```",
-                "",
-            ]
-    markdown, raw = out / "gpu-check.md", out / "gpu-check.json"
-    markdown.write_text("\n".join(text))
-    raw.write_text(json.dumps({"command": command, "environment": environment, "results": results}, indent=2) + "\n")
-    return markdown, raw
 
 
 # --------------------------------------------------------------------------- the command
