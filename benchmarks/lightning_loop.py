@@ -32,7 +32,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer, seed_everythin
 from torch.nn import functional as F
 
 from benchmarks._common import Setup
-from benchmarks.plain import InMemory, build_net, device_of_plain_loops, epoch_draws, splits, training_steps
+from benchmarks.plain import InMemory, build_net, device_of_plain_loops, epoch_draws, sgd, splits, training_steps
 from benchmarks.stamps import StepStamps
 from project.toolkit.data.samplers import SliceBatches
 from project.toolkit.training import WarmupCosine
@@ -85,7 +85,7 @@ class PlainTraining(LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         setup = self.setup_
-        optimizer = torch.optim.SGD(self.parameters(), lr=setup.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+        optimizer = sgd(self.parameters(), setup, self.split.images.device)
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(self.steps, self.steps * setup.epochs))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 

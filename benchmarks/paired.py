@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,8 @@ import torch
 from benchmarks._common import SIDES, Setup, template_arguments, template_results
 from benchmarks.lightning_loop import lightning_fit, lightning_infer
 from benchmarks.plain import plain_fit, plain_infer, reuse_freed_host_memory
+
+ONCE = ("template", "lightning", "plain")  # a session of the GPU pairs: each side once, the template first
 
 
 def order(rotation: int, sides: tuple[str, ...] = SIDES) -> tuple[str, ...]:
@@ -71,8 +75,11 @@ def settle_process(setup: Setup) -> None:
     torch.backends.cudnn.benchmark = True
 
 
-def run_side(side: str, stage: str, setup: Setup, folder: Path, batch_size: int | None) -> dict[str, Any]:
-    """One run of ``side`` in this process, writing under ``folder``."""
+def run_side(
+    side: str, stage: str, setup: Setup, folder: Path, batch_size: int | None, template_options: Sequence[str] = ()
+) -> dict[str, Any]:
+    """One run of ``side`` in this process, writing under ``folder``; ``template_options``: added to the
+    template's command."""
     folder.mkdir(parents=True, exist_ok=True)
     if setup.compile:  # else the later runs may hit dynamo's recompile limit and fall back to eager
         torch._dynamo.reset()
@@ -86,21 +93,35 @@ def run_side(side: str, stage: str, setup: Setup, folder: Path, batch_size: int 
         return plain_infer(setup, batch_size or setup.batch_size, predict=stage == "predict")
     from project.__main__ import main
 
-    main(template_arguments(stage, setup, folder, batch_size))
+    main([*template_arguments(stage, setup, folder, batch_size), *template_options])
     return template_results(folder)
 
 
 def main(spec: str, folder: str) -> None:
     """Run the session ``spec`` (``{"stage", "setup", "batch_size", "rotation"}``) and write
-    ``folder/session.json``."""
+    ``folder/session.json``. With ``"once": true`` (the GPU pairs, :mod:`benchmarks.gpu_runs`) each side runs
+    once, the template first (the process's one-off costs, cuDNN's autotuning and the compilation fall in its
+    first epoch, which no figure counts), with ``template_options`` added to its command; a side that raises
+    is recorded as ``{"error": ...}`` and the next one runs; the file is rewritten after each side, so a
+    session stopped at a deadline keeps the sides it finished."""
     options = json.loads(spec)
     setup = Setup(**options["setup"])
     settle_process(setup)
+    once = options.get("once", False)
+    sides = ONCE if once else order(options["rotation"])
     results: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
-    for number, side in enumerate(order(options["rotation"])):
-        run = run_side(side, options["stage"], setup, Path(folder) / f"{number}-{side}", options["batch_size"])
+    for number, side in enumerate(sides):
+        where = Path(folder) / f"{number}-{side}"
+        extra = options.get("template_options", [])
+        try:
+            run = run_side(side, options["stage"], setup, where, options["batch_size"], extra)
+        except (Exception, SystemExit) as err:  # the template's one-line errors exit
+            if not once:
+                raise
+            traceback.print_exc()
+            run = {"error": f"{type(err).__name__}: {err}"}
         results[side].append(run)
-    Path(folder, "session.json").write_text(json.dumps(results))
+        Path(folder, "session.json").write_text(json.dumps(results))
 
 
 if __name__ == "__main__":
