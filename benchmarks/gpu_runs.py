@@ -1,13 +1,15 @@
-"""``python -m benchmarks.gpu_runs RESULTS_DIR`` (what ``bash benchmarks/gpu_run.sh`` runs): the default job's speed
-on one GPU, in at most 8 minutes, every finished run in ``RESULTS_DIR/runs.json``.
+"""``bash benchmarks/gpu_run.sh RESULTS_DIR``: the template against Lightning's bare loop and the plain loop on one
+GPU, side by side, in at most 7 minutes; every finished pair in ``RESULTS_DIR/runs.json``.
 
-Each run is ``python -m project fit --config configs/default.yaml`` for 2 epochs (the first holds cuDNN's
-autotuning and the compilation) on synthetic data of CIFAR-10's size, in a fresh process; its figures come from
-its ``timing.json``. In order: the environment; MobileNetV2 fp32 and bf16 and ResNet50 bf16 eager, each with 5
-steps under the profiler (busy/idle, launches, syncs); MobileNetV2 and ResNet50 bf16 compiled; MobileNetV2 bf16
-with CUDA graphs (``reduce-overhead``); then, if time is left, ddp and fsdp on one rank and the template against
-the plain loop, both compiled. A run that would end after the deadline is skipped, a running one stopped at it.
-``--plan`` prints the steps with their estimates and exits 0 anywhere; without a GPU the runs say so and exit 0.
+Each mode is one session (:mod:`benchmarks.paired`, ``once``): one fresh process runs the template (its real entry
+point with its default options, the progress bar off, :class:`~project.toolkit.measure.step_profile.StepProfile`
+on steps 20-24 of its first epoch), then Lightning's bare loop (:mod:`benchmarks.lightning_loop`), then the plain
+loop (:mod:`benchmarks.plain`), each for 3 epochs of :data:`STEPS` steps of 256 synthetic images at 112 px; a
+figure is a side's images/s over its last two epochs, so the ratios are of the same device in the same minute. The
+template goes first: its first epoch takes the process's one-off costs (cuDNN's autotuning, the compilation),
+which no figure counts. In order: MobileNetV2 fp32 eager, bf16 CUDA graphs, bf16 eager; ResNet50 bf16 eager and
+CUDA graphs; then, if time is left, MobileNetV2 bf16 compiled (``default``). A mode whose estimate would end
+after the deadline is skipped, a running one stopped at it (the sides it finished are kept).
 """
 
 from __future__ import annotations
@@ -18,90 +20,158 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-DEADLINE_S = 480
-PROFILE = "project.toolkit.measure.step_profile.StepProfile"
+from benchmarks import gpu_common
+from benchmarks._common import Setup
+from benchmarks._figures import epoch_throughput
+
+DEADLINE_S = 420
+STEPS = 50  # training steps an epoch: the steady window (every epoch after the first) holds 100 steps of 256
+EPOCHS = 3
+BATCH = 256
+PROFILE = "project.toolkit.measure.step_profile.StepProfile"  # its default window: steps 20-24, first epoch
+TEMPLATE_OPTIONS = ["--trainer.enable_progress_bar=false", f"--trainer.callbacks+={PROFILE}"]
+ENVIRONMENT_S = 5  # nvidia-smi, lscpu, the versions
+
+# The last lease's real times (one H200, 2026-11-27, issue 43), each in one call on one machine: a template fit of
+# 2 epochs of 45,000 training and 5,000 validation images took FIT_S seconds at TEMPLATE_IPS steady images/s;
+# the plain loop ran the same job at PLAIN_IPS. The template under CUDA graphs was not reached: its fit and speed
+# are taken as the compiled run's; ResNet50 was not compiled: its compiled fit is its eager fit plus what compiling
+# added to MobileNetV2's.
+LEASE_IMAGES = 2 * (45_000 + 5_000)
+CUDA_START_S = 30.0  # a fresh machine's first fit (83 s) over the same fit later (53 s): once, in the first mode
+COMPILE_S = 150.0 - 96.0  # MobileNetV2 bf16: compiled fit less eager fit (the 10.7 s recompile for validation in)
+RECOMPILE_S = 10.7  # a later side compiles the same network again, its caches warm: the lease's recompile
+LOOP_SETUP_S = 1.0  # a loop's network, its data split and one validation batch, in a process already running
 
 
 @dataclass(frozen=True)
-class Run:
-    """One step of the script: a fit (``options`` on top of the job's), or a command of its own."""
+class Lease:
+    fit_s: float  # the template's eager fit (a compiled mode adds COMPILE_S)
+    template_ips: float
+    plain_ips: float
+
+
+LEASE = {
+    ("mobilenet_v2", "32-true", None): Lease(53, 8_021, 13_012),
+    ("mobilenet_v2", "bf16-mixed", None): Lease(96, 6_593, 12_531),
+    ("mobilenet_v2", "bf16-mixed", "default"): Lease(96, 9_043, 10_060),
+    ("mobilenet_v2", "bf16-mixed", "reduce-overhead"): Lease(96, 9_043, 31_963),
+    ("resnet50", "bf16-mixed", None): Lease(58, 7_428, 9_243),
+    ("resnet50", "bf16-mixed", "reduce-overhead"): Lease(58, 7_428, 9_243),
+}
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One pair of the script: the three sides on one network, precision and compile mode (None: eager)."""
 
     name: str
     arch: str = "mobilenet_v2"
-    precision: str = "32-true"
-    compile_mode: str | None = None  # None: eager
-    strategy: str = "auto"
-    estimate_s: int = 45  # on one H100: the process's start, 2 epochs, validation, the blocks' timing
-    profile: bool = False
+    precision: str = "bf16-mixed"
+    compile_mode: str | None = None
     if_time_left: bool = False
-    command: tuple[str, ...] = field(default=())  # instead of a fit
 
-    def fit_options(self) -> list[str]:
-        options = [f"--model.arch={self.arch}", f"--trainer.precision={self.precision}"]
-        if self.compile_mode is not None:
-            options += ["--model.compile=true", f"--model.compile_mode={self.compile_mode}"]
-        if self.strategy != "auto":
-            options += [f"--trainer.strategy={self.strategy}", "--trainer.devices=1"]
-        return options + ([f"--trainer.callbacks+={PROFILE}"] if self.profile else [])
+    def setup(self, steps: int = STEPS) -> Setup:
+        """The job every side runs: 112 px, batch 256, 3 epochs of ``steps`` steps, one validation batch."""
+        compiled = {"compile": True, "compile_mode": self.compile_mode} if self.compile_mode else {}
+        options = {"image_size": 112, "batch_size": BATCH, "train_batches": steps, "epochs": EPOCHS, **compiled}
+        return Setup(self.arch, precision=self.precision, **options)
+
+    def estimate_s(self, steps: int = STEPS, first: bool = False) -> float:
+        """Seconds for the session, from the lease: the template's fit scaled to this fit's images (plus the
+        compilation); each loop's images at its speed (Lightning's bare loop between the template's and the plain
+        loop's), its setup and, compiled, its recompile; CUDA's start in the first mode."""
+        lease = LEASE[(self.arch, self.precision, self.compile_mode)]
+        images = EPOCHS * steps * BATCH
+        template = lease.fit_s * (images + (EPOCHS + 1) * BATCH) / LEASE_IMAGES  # and a validation batch an epoch
+        compiled = self.compile_mode is not None
+        lightning_ips = (lease.template_ips * lease.plain_ips) ** 0.5
+        loops = sum(images / ips + LOOP_SETUP_S + RECOMPILE_S * compiled for ips in (lightning_ips, lease.plain_ips))
+        return template + COMPILE_S * compiled + loops + CUDA_START_S * first
 
 
-BF16 = "bf16-mixed"
-RUNS = [
-    Run("mobilenet_v2 fp32 eager, profiled", profile=True),
-    Run("mobilenet_v2 bf16 eager, profiled", precision=BF16, profile=True),
-    Run("resnet50 bf16 eager, profiled", arch="resnet50", precision=BF16, profile=True),
-    Run("mobilenet_v2 bf16 compiled", precision=BF16, compile_mode="default", estimate_s=110),
-    Run("resnet50 bf16 compiled", arch="resnet50", precision=BF16, compile_mode="default", estimate_s=110),
-    Run("mobilenet_v2 bf16 CUDA graphs", precision=BF16, compile_mode="reduce-overhead", estimate_s=120),
-    Run("mobilenet_v2 bf16 ddp, one rank", precision=BF16, strategy="ddp", if_time_left=True),
-    Run("mobilenet_v2 bf16 fsdp, one rank", precision=BF16, strategy="fsdp", if_time_left=True),
-    Run(
-        "template vs plain loop, compiled",
-        compile_mode="default",
-        estimate_s=400,
-        if_time_left=True,
-        command=("python3", "-m", "benchmarks.overhead", "--repeats", "1", "--compile"),
-    ),
+MODES = [
+    Mode("mobilenet_v2 fp32 eager", precision="32-true"),
+    Mode("mobilenet_v2 bf16 CUDA graphs", compile_mode="reduce-overhead"),
+    Mode("mobilenet_v2 bf16 eager"),
+    Mode("resnet50 bf16 eager", arch="resnet50"),
+    Mode("resnet50 bf16 CUDA graphs", arch="resnet50", compile_mode="reduce-overhead"),
+    Mode("mobilenet_v2 bf16 compiled", compile_mode="default", if_time_left=True),
 ]
-ENVIRONMENT_S = 5
 
 
-def plan_lines(runs: list[Run], deadline_s: float = DEADLINE_S) -> list[str]:
+def estimates(modes: list[Mode], steps: int = STEPS) -> list[int]:
+    """Each mode's estimate in whole seconds, rounded up; CUDA's start in the first."""
+    return [int(-(-mode.estimate_s(steps, first=i == 0) // 1)) for i, mode in enumerate(modes)]
+
+
+def plan_lines(modes: list[Mode], deadline_s: float = DEADLINE_S, steps: int = STEPS) -> list[str]:
     """Each step with its estimate, and the total of those that always run (at most ``deadline_s``)."""
+    seconds = estimates(modes, steps)
     lines = [f"{ENVIRONMENT_S:>5} s  environment: nvidia-smi, lscpu, versions"]
-    lines += [f"{run.estimate_s:>5} s  {run.name}" for run in runs if not run.if_time_left]
-    total = ENVIRONMENT_S + sum(run.estimate_s for run in runs if not run.if_time_left)
+    lines += [f"{s:>5} s  {m.name}" for m, s in zip(modes, seconds, strict=True) if not m.if_time_left]
+    total = ENVIRONMENT_S + sum(s for m, s in zip(modes, seconds, strict=True) if not m.if_time_left)
     lines.append(f"{total:>5} s  in all (deadline {deadline_s:.0f} s); then, if time is left:")
-    lines += [f"{run.estimate_s:>5} s  {run.name}" for run in runs if run.if_time_left]
-    return lines
+    lines += [f"{s:>5} s  {m.name}" for m, s in zip(modes, seconds, strict=True) if m.if_time_left]
+    each = f"each: template, Lightning's bare loop, plain loop in one process, {EPOCHS} epochs of {steps} steps"
+    return [*lines, f"{'':>5}    ({each}; estimates from the last lease's times, benchmarks/gpu_runs.py)"]
 
 
-def fit_command(run: Run, root: Path) -> list[str]:
-    """The fit of ``run``, writing its run folder under ``root``."""
-    job = ["--config", "configs/default.yaml", "--data.synthetic=true", "--data.synthetic_size=50000"]
-    job += ["--trainer.max_epochs=2", "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={root}"]
-    return ["python3", "-m", "project", "fit", *job, *run.fit_options()]
+def session_command(
+    mode: Mode, folder: Path, steps: int = STEPS, setup: Setup | None = None, template_options: list[str] | None = None
+) -> list[str]:
+    """The session of ``mode`` (or of ``setup``): ``python -m benchmarks.paired`` running each side once, writing
+    under ``folder``; ``template_options`` (default :data:`TEMPLATE_OPTIONS`) added to the template's command."""
+    setup = setup or mode.setup(steps)
+    spec = {"stage": "fit", "setup": asdict(setup), "batch_size": None, "rotation": 0, "once": True}
+    spec["template_options"] = TEMPLATE_OPTIONS if template_options is None else template_options
+    return [sys.executable, "-m", "benchmarks.paired", json.dumps(spec), str(folder)]
 
 
-def entry(run: Run, timing: dict[str, Any], profile: dict[str, Any] | None, status: str, seconds: float) -> dict:
-    """A run's record in ``runs.json``: what ran, and the figures of its ``timing.json`` (None where absent)."""
-    environment = timing.get("environment") or {}
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``, or None where either is missing.
+
+    >>> ratio(9_000.0, 10_000.0), ratio(None, 10_000.0), ratio(9_000.0, 0.0)
+    (0.9, None, None)
+    """
+    return numerator / denominator if numerator and denominator else None
+
+
+def side_figures(side: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A side's steady images/s (its second epoch; the template's from its ``timing.json``) and its error."""
+    if not runs:
+        return {"images_per_second": None, "error": "did not run"}
+    run = runs[0]
+    if "error" in run:
+        return {"images_per_second": None, "error": run["error"]}
+    if side == "template":
+        return {"images_per_second": run.get("train_samples_per_second"), "error": None}
+    return {"images_per_second": epoch_throughput(run["epochs"]), "error": None}
+
+
+def pair_record(mode: Mode, session: dict[str, list[dict[str, Any]]], profile: dict[str, Any] | None) -> dict:
+    """A mode's record in ``runs.json``: each side's steady images/s, the template's over each loop's, its host
+    syncs per profiled step, and what its ``timing.json`` says of the run."""
+    sides = {side: side_figures(side, session.get(side, [])) for side in ("template", "lightning", "plain")}
+    ips = {side: figures["images_per_second"] for side, figures in sides.items()}
+    timing = (session.get("template") or [{}])[0]
     peaks = [mb for mb in timing.get("peak_memory_mb") or [] if mb is not None]
     return {
-        "name": run.name,
-        "status": status,
-        "seconds": round(seconds, 1),
-        "arch": run.arch,
-        "precision": run.precision,
-        "compile_mode": run.compile_mode,
-        "strategy": run.strategy,
-        "images_per_second": timing.get("train_samples_per_second"),
+        "name": mode.name,
+        "arch": mode.arch,
+        "precision": mode.precision,
+        "compile_mode": mode.compile_mode,
+        "images_per_second": ips,
+        "ratio_to_plain": ratio(ips["template"], ips["plain"]),
+        "ratio_to_lightning": ratio(ips["template"], ips["lightning"]),
+        "host_syncs": profile.get("host_syncs") if profile else None,
+        "errors": {side: figures["error"] for side, figures in sides.items() if figures["error"]},
         "first_epoch_seconds": timing.get("first_epoch_seconds"),
         "mfu": timing.get("mfu"),
         "bandwidth_fraction": timing.get("bandwidth_fraction"),
@@ -109,23 +179,24 @@ def entry(run: Run, timing: dict[str, Any], profile: dict[str, Any] | None, stat
         "peak_memory_mib": max(peaks) if peaks else None,
         "step_anatomy": ((timing.get("step_anatomy") or {}).get("ranks") or [None])[0],
         "step_profile": profile,
-        "git_commit": environment.get("git_commit"),
-        "device": environment.get("device_name"),
+        "git_commit": (timing.get("environment") or {}).get("git_commit"),
     }
 
 
 def write_runs(path: Path, environment: dict[str, Any], runs: list[dict[str, Any]], command: str) -> None:
-    """``runs.json``: the command, the environment and the runs so far (rewritten after each run)."""
+    """``runs.json``: the command, the environment and the pairs so far (rewritten whole after each)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
     temporary.write_text(json.dumps({"command": command, "environment": environment, "runs": runs}, indent=2) + "\n")
     os.replace(temporary, path)
 
 
-def newest(root: Path, name: str) -> dict[str, Any] | None:
-    """The newest run folder's ``name`` (a JSON file) under ``root``, or None."""
-    found = sorted(root.rglob(name), key=lambda p: p.stat().st_mtime)
-    return json.loads(found[-1].read_text()) if found else None
+def read_session(folder: Path) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any] | None]:
+    """What a session left: its ``session.json`` ({} if none) and the template's ``step_profile.json``."""
+    path = folder / "session.json"
+    session = json.loads(path.read_text()) if path.is_file() else {}
+    profiles = sorted(folder.glob("0-template/**/step_profile.json"))
+    return session, json.loads(profiles[-1].read_text()) if profiles else None
 
 
 def environment_record(out: Path) -> dict[str, Any]:
@@ -142,51 +213,58 @@ def environment_record(out: Path) -> dict[str, Any]:
     return run_environment()
 
 
-def run_all(runs: list[Run], out: Path, work: Path, deadline_s: float, command: str) -> list[dict[str, Any]]:
-    """Every run that fits before the deadline, each in a fresh process; ``runs.json`` after each."""
-    from benchmarks.gpu_check import run_logged
-
+def run_all(
+    modes: list[Mode], out: Path, work: Path, deadline_s: float, command: str, steps: int = STEPS
+) -> list[dict[str, Any]]:
+    """Every mode that fits before the deadline, each a session in a fresh process; ``runs.json`` and the log
+    (``gpu-run.log``, every session's output) after each."""
     start = time.monotonic()
     environment = environment_record(out)
-    records: list[dict[str, Any]] = []
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor-cache"))
-    for index, run in enumerate(runs):
+    records: list[dict[str, Any]] = []
+    for index, (mode, estimate) in enumerate(zip(modes, estimates(modes, steps), strict=True)):
         left = deadline_s - (time.monotonic() - start)
-        if run.estimate_s > left:
-            print(f"gpu_runs: {run.name}: skipped, {left:.0f} s left for an estimated {run.estimate_s} s", flush=True)
+        if estimate > left:
+            print(f"gpu_run: {mode.name}: skipped, {left:.0f} s left for an estimated {estimate} s", flush=True)
             continue
-        root = work / f"run-{index}"
-        argv = list(run.command) if run.command else fit_command(run, root)
-        if run.command:
-            argv += ["--out", str(root)]
-        code, output, seconds = run_logged(argv, out / f"run-{index}.log", left)
-        status = "pass" if code == 0 else ("stopped at the deadline" if code is None else f"exit {code}")
-        timing = newest(root, "timing.json") or {}
-        records.append(entry(run, timing, newest(root, "step_profile.json"), status, seconds))
-        print(f"gpu_runs: {run.name}: {status} in {seconds:.0f} s, {records[-1]['images_per_second']} images/s")
+        folder = work / f"mode-{index}"
+        log = work / f"mode-{index}.log"
+        code, output, seconds = gpu_common.run_logged(session_command(mode, folder, steps), log, left)
+        with open(out / "gpu-run.log", "a") as joined:
+            joined.write(f"===== {mode.name}: exit {code}, {seconds:.0f} s\n{output}\n")
+        record = pair_record(mode, *read_session(folder))
+        status = "pass" if code == 0 and not record["errors"] else ("stopped at the deadline" if code is None else "")
+        record = {**record, "status": status or f"exit {code}", "seconds": round(seconds, 1), "estimate_s": estimate}
+        records.append(record)
+        said = ", ".join(f"{k} {v:.0f}" for k, v in record["images_per_second"].items() if v)
+        print(f"gpu_run: {mode.name}: {record['status']} in {seconds:.0f} s; images/s {said}; template/plain "
+              f"{record['ratio_to_plain']}, template/lightning {record['ratio_to_lightning']}", flush=True)  # fmt: skip
         write_runs(out / "runs.json", environment, records, command)
     return records
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bash benchmarks/gpu_run.sh", description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="?", type=Path, help="the folder runs.json and the logs go into")
+    parser.add_argument("results", nargs="?", type=Path, help="the folder runs.json and the log go into")
     parser.add_argument("--plan", action="store_true", help="print each step, its estimate and the total; run none")
     parser.add_argument("--deadline", type=float, default=DEADLINE_S, help=f"seconds in all (default {DEADLINE_S})")
-    parser.add_argument("--work", type=Path, default=None, help="run folders and the inductor cache (RESULTS/work)")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"training steps an epoch (default {STEPS})")
+    parser.add_argument("--work", type=Path, help="the sessions' run folders (default: a temporary folder)")
     args = parser.parse_args(argv)
     if args.plan:
-        print("\n".join(plan_lines(RUNS, args.deadline)))
+        print("\n".join(plan_lines(MODES, args.deadline, args.steps)))
         return 0
     if args.results is None:
         parser.error("give RESULTS_DIR, or --plan")
-    import torch
-
-    if not torch.cuda.is_available():
-        print(f"gpu_runs: no CUDA GPU here (torch {torch.__version__}); nothing to measure", flush=True)
+    line = gpu_common.no_gpu_line("gpu_run")
+    if line is not None:
+        print(f"{line.removesuffix('nothing to check')}nothing to measure", flush=True)
         return 0
     command = shlex.join(["bash", "benchmarks/gpu_run.sh", *(argv if argv is not None else sys.argv[1:])])
-    records = run_all(RUNS, args.results, args.work or args.results / "work", args.deadline, command)
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpu-run-"))
+    records = run_all(MODES, args.results, work, args.deadline, command, args.steps)
     return 0 if records and all(r["status"] == "pass" for r in records) else 1
 
 

@@ -1,5 +1,5 @@
 """The GPU path, built and tested on the CPU (the GPU issue measures it): the compile modes, fused SGD where it
-applies, ddp's and fsdp's settings, the memory traffic beside MFU, and the 8-minute script's plan, runs and JSON.
+applies, ddp's and fsdp's settings, the memory traffic beside MFU (the GPU script: tests/test_gpu_run.py).
 (No per-step wait: the loss guard's lag in test_faults.py, the on-device batches in test_units_data_strategies.py,
 the timing callback's waits in test_timing.py.)"""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 
-from benchmarks import gpu_runs
 from project.__main__ import main
 from project.model import ImageClassifier
 from project.toolkit.errors import ProjectError
@@ -116,94 +114,3 @@ def test_a_cpu_fit_records_its_memory_traffic(tiny_args: list[str], tmp_path: Pa
     assert timing["bandwidth_tb_per_second"] > 0
     assert timing["peak_bandwidth_tb_per_second"] is None and timing["bandwidth_fraction"] is None  # a CPU: no peak
     assert timing["compile_mode"] is None  # eager
-
-
-def python3_first() -> dict[str, str]:
-    """The environment where ``python3`` is this interpreter (on the GPU machine it is the one with torch)."""
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-
-
-def test_the_plan_lists_every_step_and_totals_at_most_eight_minutes() -> None:
-    done = subprocess.run(
-        ["bash", "benchmarks/gpu_run.sh", "--plan"], cwd=REPO, env=python3_first(), capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    total = next(line for line in lines if "in all" in line)
-    assert int(total.split()[0]) <= 480
-    names = [re.sub(r"^\s*\d+ s  ", "", line) for line in lines if "in all" not in line][1:]
-    assert names == [run.name for run in gpu_runs.RUNS]
-    assert [run.name for run in gpu_runs.RUNS[:3]] == [
-        "mobilenet_v2 fp32 eager, profiled",
-        "mobilenet_v2 bf16 eager, profiled",
-        "resnet50 bf16 eager, profiled",
-    ]
-
-
-def test_each_run_is_the_default_job_for_two_epochs_with_its_own_options(tmp_path: Path) -> None:
-    commands = {run.name: gpu_runs.fit_command(run, tmp_path) for run in gpu_runs.RUNS if not run.command}
-    for command in commands.values():
-        assert command[:6] == ["python3", "-m", "project", "fit", "--config", "configs/default.yaml"]
-        assert "--trainer.max_epochs=2" in command and f"--trainer.default_root_dir={tmp_path}" in command
-    graphs = commands["mobilenet_v2 bf16 CUDA graphs"]
-    assert {"--model.compile=true", "--model.compile_mode=reduce-overhead", "--trainer.precision=bf16-mixed"} <= set(
-        graphs
-    )
-    assert any("StepProfile" in word for word in commands["resnet50 bf16 eager, profiled"])
-    assert {"--trainer.strategy=fsdp", "--trainer.devices=1"} <= set(commands["mobilenet_v2 bf16 fsdp, one rank"])
-
-
-def test_a_runs_record_and_the_json_it_goes_into(tmp_path: Path) -> None:
-    timing = {
-        "train_samples_per_second": 15000.0,
-        "first_epoch_seconds": 8.4,
-        "mfu": 0.015,
-        "bandwidth_fraction": 0.4,
-        "data_wait_fraction": 0.03,
-        "peak_memory_mb": [6000.0, None],
-        "environment": {"git_commit": "abc", "device_name": "NVIDIA H100 80GB HBM3"},
-    }
-    run = gpu_runs.RUNS[3]
-    record = gpu_runs.entry(run, timing, None, "pass", 61.23)
-    assert record["images_per_second"] == 15000.0 and record["peak_memory_mib"] == 6000.0
-    assert (record["arch"], record["precision"], record["compile_mode"], record["strategy"]) == (
-        "mobilenet_v2",
-        "bf16-mixed",
-        "default",
-        "auto",
-    )
-    assert (record["git_commit"], record["device"], record["seconds"]) == ("abc", "NVIDIA H100 80GB HBM3", 61.2)
-    assert gpu_runs.entry(run, {}, None, "exit 1", 3.0)["images_per_second"] is None  # a failed run: no figures
-    path = tmp_path / "out" / "runs.json"
-    gpu_runs.write_runs(path, {"device_name": "x"}, [record], "bash benchmarks/gpu_run.sh out")
-    assert json.loads(path.read_text())["runs"] == [record]
-    assert [p.name for p in path.parent.iterdir()] == ["runs.json"]  # written whole, no temporary file left
-
-
-def test_runs_that_would_overrun_the_deadline_are_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ran = []
-
-    def fake_run(argv: list[str], log: Path, timeout_s: float) -> tuple[int, str, float]:
-        ran.append(argv)
-        return 0, "", 1.0
-
-    monkeypatch.setattr("benchmarks.gpu_check.run_logged", fake_run)
-    monkeypatch.setattr(gpu_runs, "environment_record", lambda out: {"device_name": "fake"})
-    runs = [gpu_runs.Run("short", estimate_s=1), gpu_runs.Run("too long", estimate_s=10_000)]
-    records = gpu_runs.run_all(runs, tmp_path, tmp_path / "work", deadline_s=60, command="test")
-    assert [r["name"] for r in records] == ["short"] and len(ran) == 1
-    assert json.loads((tmp_path / "runs.json").read_text())["runs"][0]["status"] == "pass"
-
-
-def test_without_a_gpu_the_script_says_so_and_exits_0(tmp_path: Path) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a CUDA GPU: the runs would start")
-    done = subprocess.run(
-        ["bash", "benchmarks/gpu_run.sh", str(tmp_path / "out")],
-        cwd=REPO,
-        env=python3_first(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0 and "gpu_runs: no CUDA GPU here" in done.stdout, done.stderr
