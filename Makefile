@@ -88,10 +88,11 @@ bench-parity: $(VENV)/.installed-parity  ## same test accuracy as the plain loop
 # Every CUDA path (precisions, compile, on-device data, ddp/fsdp/dp/deepspeed on one GPU, test/predict/resume from
 # a checkpoint, the NaN guard) on this machine's GPU, in minutes, on synthetic data.
 # Report in benchmarks/results/gpu-<device>/; ARGS go to the script, e.g. ARGS="--paths bf16-mixed,compile --jobs 4".
-# Without a CUDA GPU it says so in one line and runs nothing.
+# Without a CUDA GPU it says so in one line and runs nothing. It is the one GPU command's --check; the command's
+# other use, the template against Lightning's loop and the plain loop per mode: bash benchmarks/gpu_run.sh --plan.
 .PHONY: gpu-check
-gpu-check: $(VENV)/.installed  ## check every CUDA path on this GPU (benchmarks/gpu_check.py)
-	$(PY) -m benchmarks.gpu_check $(ARGS)
+gpu-check: $(VENV)/.installed  ## check every CUDA path on this GPU (bash benchmarks/gpu_run.sh --check)
+	PYTHON=$(PY) bash benchmarks/gpu_run.sh --check $(ARGS)
 
 # In variables because a comma written in $(call ...) would split its arguments.
 XLA_EXTRAS := [xla,dev]

@@ -1,4 +1,5 @@
-"""``python -m benchmarks.gpu_check``: every CUDA path of the template, checked on the GPU you have, in minutes.
+"""``bash benchmarks/gpu_run.sh --check`` (``make gpu-check``): every CUDA path of the template, checked on the GPU
+you have, in minutes.
 
 The template's tests run on CPUs; what only a GPU exercises -- mixed precision, cuDNN, ``torch.compile`` with
 Triton, data kept on the device, NCCL process groups, DeepSpeed, CUDA-event timing -- is checked here, each
@@ -288,7 +289,7 @@ def run_path(path: CheckPath, root: Path, timeout_s: float) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.gpu_check",
+        prog="bash benchmarks/gpu_run.sh --check",
         description="Check every CUDA path of the template on this machine's GPU (minutes, synthetic data).",
     )
     parser.add_argument("--out", type=Path, help="report folder (default: benchmarks/results/gpu-<device>)")
@@ -352,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     environment = run_environment()
     names = select(args.paths.split(",") if args.paths else None)
     out = args.out or RESULTS / f"gpu-{slug(environment['device_name'])}"
-    command = shlex.join(["python", "-m", "benchmarks.gpu_check", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["bash", "benchmarks/gpu_run.sh", "--check", *(sys.argv[1:] if argv is None else argv)])
     with ending_sessions_on_sigterm():  # a deadline's SIGTERM ends the paths' runs too
         if args.runs is not None:
             results = run_all(names, args.runs, args)

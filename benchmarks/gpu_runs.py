@@ -29,6 +29,7 @@ from typing import Any
 from benchmarks import gpu_common
 from benchmarks._common import Setup
 from benchmarks._figures import epoch_throughput
+from project.toolkit.bench.matrix import ending_sessions_on_sigterm
 
 DEADLINE_S = 420
 STEPS = 50  # training steps an epoch: the steady window (every epoch after the first) holds 100 steps of 256
@@ -264,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command = shlex.join(["bash", "benchmarks/gpu_run.sh", *(argv if argv is not None else sys.argv[1:])])
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu-run-"))
-    records = run_all(MODES, args.results, work, args.deadline, command, args.steps)
+    with ending_sessions_on_sigterm():  # a time limit's SIGTERM ends the running session too
+        records = run_all(MODES, args.results, work, args.deadline, command, args.steps)
     return 0 if records and all(r["status"] == "pass" for r in records) else 1
 
 

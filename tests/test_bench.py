@@ -466,7 +466,7 @@ def ended(pid: int, within_s: float = 10.0) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
 @pytest.mark.parametrize("guarded", [True, False], ids=["ending_sessions_on_sigterm", "python-default"])
 def test_sigterm_ends_the_sessions_the_process_waits_on(tmp_path: Path, guarded: bool) -> None:
-    """``bench``, ``gpu_check`` and ``gpu_job`` run each cell in a process session of its own; SIGTERM (a time
+    """``bench``, ``gpu_check`` and ``gpu_runs`` run each cell in a process session of its own; SIGTERM (a time
     limit, ``timeout``) must end those too. Python's own response leaves them running: the second case shows it."""
     pid_file = tmp_path / "session.pid"
     repo = Path(__file__).resolve().parents[1]
