@@ -145,7 +145,8 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def side_figures(side: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """A side's steady images/s (its second epoch; the template's from its ``timing.json``) and its error."""
+    """A side's steady images/s (its epochs after the first; the template's from its ``timing.json``) and its
+    error."""
     if not runs:
         return {"images_per_second": None, "error": "did not run"}
     run = runs[0]
@@ -182,6 +183,28 @@ def pair_record(mode: Mode, session: dict[str, list[dict[str, Any]]], profile: d
         "step_profile": profile,
         "git_commit": (timing.get("environment") or {}).get("git_commit"),
     }
+
+
+def status(code: int | None, errors: dict[str, str]) -> str:
+    """A session's outcome from its exit status (None: stopped at the deadline) and its sides' errors.
+
+    >>> status(0, {}), status(None, {}), status(0, {"plain": "did not run"}), status(1, {})
+    ('pass', 'stopped at the deadline', 'failed: plain', 'exit 1')
+    """
+    if code is None:
+        return "stopped at the deadline"
+    if code != 0:
+        return f"exit {code}"
+    return f"failed: {', '.join(errors)}" if errors else "pass"
+
+
+def summary_line(record: dict[str, Any]) -> str:
+    """``<mode>: pass in 58 s; images/s template 9000, ...; template/plain 0.703; template/lightning 0.844``."""
+    speeds = ", ".join(f"{side} {ips:.0f}" for side, ips in record["images_per_second"].items() if ips)
+    ratios = [(side, record[f"ratio_to_{side}"]) for side in ("plain", "lightning")]
+    said = [f"template/{side} {value:.3f}" for side, value in ratios if value is not None]
+    head = f"{record['name']}: {record['status']} in {record['seconds']:.0f} s"
+    return "; ".join([head, f"images/s {speeds or 'none'}", *said])
 
 
 def write_runs(path: Path, environment: dict[str, Any], runs: list[dict[str, Any]], command: str) -> None:
@@ -236,12 +259,9 @@ def run_all(
         with open(out / "gpu-run.log", "a") as joined:
             joined.write(f"===== {mode.name}: exit {code}, {seconds:.0f} s\n{output}\n")
         record = pair_record(mode, *read_session(folder))
-        status = "pass" if code == 0 and not record["errors"] else ("stopped at the deadline" if code is None else "")
-        record = {**record, "status": status or f"exit {code}", "seconds": round(seconds, 1), "estimate_s": estimate}
+        record.update(status=status(code, record["errors"]), seconds=round(seconds, 1), estimate_s=estimate)
         records.append(record)
-        said = ", ".join(f"{k} {v:.0f}" for k, v in record["images_per_second"].items() if v)
-        print(f"gpu_run: {mode.name}: {record['status']} in {seconds:.0f} s; images/s {said}; template/plain "
-              f"{record['ratio_to_plain']}, template/lightning {record['ratio_to_lightning']}", flush=True)  # fmt: skip
+        print(f"gpu_run: {summary_line(record)}", flush=True)
         write_runs(out / "runs.json", environment, records, command)
     return records
 
