@@ -129,14 +129,19 @@ def test_a_side_that_failed_or_did_not_run_leaves_its_ratio_empty() -> None:
     )
 
 
+timeouts: list[float] = []  # each stand-in session's time limit
+
+
 def stand_in(monkeypatch: pytest.MonkeyPatch, codes: list[int | None]) -> list[list[str]]:
     """The sessions replaced: the n-th exits with ``codes[n]`` having written the made-up session (a stopped one:
     the template's side only) and the template's step profile where a real session leaves them."""
     commands: list[list[str]] = []
+    timeouts.clear()
 
     def run_logged(command: list[str], log: Path, timeout_s: float) -> tuple[int | None, str, float]:
         code = codes[len(commands)]
         commands.append(command)
+        timeouts.append(timeout_s)
         folder = Path(command[-1])
         session = made_up_session() if code is not None else {"template": made_up_session()["template"]}
         (folder / "0-template" / "lightning_logs" / "version_0").mkdir(parents=True)
@@ -159,7 +164,8 @@ def test_runs_json_after_each_pair_and_what_would_overrun_is_skipped(
     out = tmp_path / "out"
     records = gpu_runs.run_all(modes, out, tmp_path / "work", deadline_s=100, command="test")
     assert len(commands) == 2 and [r["name"] for r in records] == ["short", "stopped"]
-    assert [r["status"] for r in records] == ["pass", "stopped at the deadline"]
+    assert timeouts[0] == 2 * 10 and 0 < timeouts[1] <= 100  # twice its estimate, or what is left of the deadline
+    assert [r["status"] for r in records] == ["pass", "stopped at its time limit"]
     saved = json.loads((out / "runs.json").read_text())
     assert saved["runs"] == records and saved["environment"] == {"device_name": "fake"}
     assert saved["runs"][0]["ratio_to_plain"] == pytest.approx(9_000 / 12_800) and saved["runs"][0]["host_syncs"] == 0.0
