@@ -55,6 +55,8 @@ LOOP_SETUP_S = 1.0  # a loop's network, its data split and one validation batch,
 
 @dataclass(frozen=True)
 class Lease:
+    """One mode's figures from the lease."""
+
     fit_s: float  # the template's eager fit (a compiled mode adds COMPILE_S)
     template_ips: float
     plain_ips: float
@@ -159,7 +161,7 @@ def side_figures(side: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"images_per_second": epoch_throughput(run["epochs"]), "error": None}
 
 
-def pair_record(mode: Mode, session: dict[str, list[dict[str, Any]]], profile: dict[str, Any] | None) -> dict:
+def pair_record(mode: Mode, session: dict[str, list[dict[str, Any]]], profile: dict[str, Any] | None) -> dict[str, Any]:
     """A mode's record in ``runs.json``: each side's steady images/s, the template's over each loop's, its host
     syncs per profiled step, and what its ``timing.json`` says of the run."""
     sides = {side: side_figures(side, session.get(side, [])) for side in ("template", "lightning", "plain")}
