@@ -140,10 +140,12 @@ class ImageClassifier(LightningModule):
         # The epoch's loss and accuracy: computed once, at its end.
         self.train_loss.update(loss.expand(len(labels)))  # the batch's mean, once for each image
         self.train_acc.update(predictions == labels)
-        # The step's values only on the steps the loggers write (Lightning's rule): self.log costs host time.
-        if logging_step(self.global_step + 1, self.trainer):
-            self.log("train/loss_step", loss)
-            self.log("train/lr", torch.tensor(self.lr_schedulers().get_last_lr()[0]))  # CPU: no copy to the device
+        # The step's values straight to the loggers, on their steps: a value given to self.log would be gathered
+        # again by Lightning at every later step of the epoch.
+        if logging_step(self.global_step + 1, self.trainer) and self.loggers:
+            values = {"train/loss_step": float(loss), "train/lr": self.lr_schedulers().get_last_lr()[0]}
+            for logger in self.loggers:
+                logger.log_metrics({**values, "epoch": self.current_epoch}, step=self.global_step)
         return loss
 
     def on_train_epoch_end(self) -> None:

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+from lightning.pytorch.callbacks import ModelSummary
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -144,7 +145,8 @@ class ProjectCLI(LightningCLI):
         if self.config_init[self.subcommand].trainer.get("strategy") == "fsdp":
             kwargs.setdefault("strategy", StrategyRegistry.get("fsdp"))
         trainer = super().instantiate_trainer(**kwargs)
-        trainer.callbacks = grouped(trainer.callbacks, GROUPED)
+        # With the template's own: Lightning's two that work only as a run starts, and would cost each step otherwise.
+        trainer.callbacks = grouped(trainer.callbacks, (*GROUPED, ModelSummary, SaveConfigCallback))
         self.context.trainer = trainer
         return trainer
 
