@@ -67,7 +67,7 @@ test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included (the 
 # Template vs plain PyTorch, both with default options: training overhead, inference, input paths; what
 # host memory reuse gives a CPU run, what the timing callback costs, the Python calls per inference batch.
 # Results in benchmarks/results/perf/; each script's last line is its headline.
-.PHONY: bench-perf bench-parity
+.PHONY: bench-perf bench-parity bench-host
 bench-perf: $(VENV)/.installed-dev  ## the six perf benchmarks (ARGS go to the timed five, e.g. --repeats 6)
 	$(PY) -m benchmarks.overhead $(ARGS)
 	$(PY) -m benchmarks.inference $(ARGS)
@@ -75,6 +75,12 @@ bench-perf: $(VENV)/.installed-dev  ## the six perf benchmarks (ARGS go to the t
 	$(PY) -m benchmarks.host_memory $(ARGS)
 	$(PY) -m benchmarks.timing_cost $(ARGS)
 	$(PY) -m benchmarks.host_calls
+
+# The host's cost of a training step: the template (progress bar in a pseudo-terminal), Lightning's bare loop and the
+# plain loop with a negligible network, and each default callback's cost (about 4 minutes). Results in
+# benchmarks/results/perf/host_cost.{md,json}.
+bench-host: $(VENV)/.installed-dev  ## template / Lightning's bare loop per step, where a step is all host work
+	$(PY) -m benchmarks.host_cost $(ARGS)
 
 $(VENV)/.installed-parity: pyproject.toml
 	$(call install,$(VENV),$(PARITY_EXTRAS),torch_first)
