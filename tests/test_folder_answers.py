@@ -119,8 +119,11 @@ def test_test_of_a_fit_that_left_settings_unset_writes_into_its_folder(
 
     options = [o for o in TINY_RUN if not o.startswith(("--data.image_size", "--data.batch_size"))]
     options += ["--trainer.devices=1", f"--trainer.default_root_dir={tmp_path}"]
-    main(["fit", *options, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
-    assert "data.batch_size=256 (the default) is lowered to 16" in capsys.readouterr().err
+    fit = main(["fit", *options, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
+    said = capsys.readouterr().err
+    assert "data.batch_size=256 (the default) is lowered to 16" in said
+    assert "model.lr=0.1 (the default, for data.batch_size=256) is scaled to 0.00625 for the lowered batch" in said
+    assert fit.trainer.optimizers[0].param_groups[0]["initial_lr"] == pytest.approx(0.1 * 16 / 256)
     runs = tmp_path / "lightning_logs"
     main(["test", *options, f"--ckpt_path={runs / 'version_0' / 'checkpoints' / 'last.ckpt'}"])
     assert sorted(p.name for p in runs.iterdir()) == ["version_0"]
