@@ -4,6 +4,7 @@ checkpoints (best and last), ``timing.json`` and ``predictions.csv``, the final 
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,9 @@ def summary_lines(trainer: Trainer, stage: str, log_dir: str | None) -> list[str
             uri, name = logger.experiment.tracking_uri, logger.experiment.get_experiment(logger.experiment_id).name
             if uri.startswith("sqlite:///"):  # the local store: its path as the others are shown
                 uri = "sqlite:///" + shown_path(uri.removeprefix("sqlite:///"))
-            lines.append(f"  {'MLflow run:':<17} {logger.run_id} in {name}: mlflow ui --backend-store-uri {uri}")
+            # The mlflow extra is mlflow-skinny, without the UI's server (flask): say how to get it where it is missing.
+            ui = "mlflow ui" if importlib.util.find_spec("flask") else "pip install mlflow, then mlflow ui"
+            lines.append(f"  {'MLflow run:':<17} {logger.run_id} in {name}: {ui} --backend-store-uri {uri}")
     if any(isinstance(logger, TensorBoardLogger) for logger in trainer.loggers):
         lines.append(
             f"  open in TensorBoard: tensorboard --logdir {shown_path(folder.parent)}, then its side-by-side "
