@@ -148,7 +148,7 @@ class ImageClassifier(LightningModule):
         # The step's values straight to the loggers, on their steps: a value given to self.log would be gathered
         # again by Lightning at every later step of the epoch.
         if logging_step(self.global_step + 1, self.trainer) and self.loggers:
-            values = {"train/loss_step": float(loss), "train/lr": self.lr_schedulers().get_last_lr()[0]}
+            values = {"train/loss_step": float(loss.detach()), "train/lr": self.lr_schedulers().get_last_lr()[0]}
             for logger in self.loggers:
                 logger.log_metrics({**values, "epoch": self.current_epoch}, step=self.global_step)
         return loss
