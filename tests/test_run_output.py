@@ -17,12 +17,12 @@ from lightning.pytorch import Trainer
 
 from project.__main__ import main
 from project.toolkit.callbacks import progress
-from project.toolkit.callbacks.estimate import estimate_line
+from project.toolkit.callbacks.timing_report import estimate_line
 from project.toolkit.log import LITLOGGER_TIP, silence_known_noise
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2"]
 # Lightning's messages that are noise for this template (project/toolkit/log.py and friends)
-NOISE = ("LeafSpec", "dirpath has changed", "`weights_only` was not set")
+NOISE = ("LeafSpec", "dirpath has changed", "`weights_only` was not set", "requires_grad=True to a scalar")
 
 
 class Records(logging.Handler):
@@ -112,7 +112,7 @@ def test_test_and_predict_of_a_fit_write_into_its_folder_and_the_summary_says_wh
 def test_no_validation_with_val_size_0_and_best_falls_back_to_last(
     tiny_args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    estimate = ["--cpu_time_estimate.min_minutes=0", "--cpu_time_estimate.iterations=1"]  # say it for any fit
+    estimate = ["--timing.cpu_estimate_min_minutes=0", "--timing.cpu_estimate_iterations=1"]  # say it for any fit
     cli = main(["fit", *tiny_args, *SHORT, "--data.val_size=0", *estimate])
     assert len(cli.datamodule._datasets["train"]) == 200  # every image
     assert not any(key.startswith("val/") for key in cli.trainer.callback_metrics)
