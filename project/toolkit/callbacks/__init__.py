@@ -5,7 +5,6 @@ from __future__ import annotations
 from lightning.pytorch import Callback
 
 from project.toolkit.callbacks.checkpoints import Checkpoints
-from project.toolkit.callbacks.estimate import CpuTimeEstimate
 from project.toolkit.callbacks.guards import Guards
 from project.toolkit.callbacks.memory_reuse import HostMemoryReuse
 from project.toolkit.callbacks.precise_bn import PreciseBatchNorm
@@ -26,7 +25,6 @@ DEFAULT_CALLBACKS: dict[str, type[Callback]] = {
     "guards": Guards,
     "predictions": PredictionWriter,
     "progress_bar": ProgressBar,
-    "cpu_time_estimate": CpuTimeEstimate,
     "host_memory_reuse": HostMemoryReuse,
     "run_summary": RunSummary,  # after timing: it names the timing.json written at the same hook
 }
@@ -39,8 +37,7 @@ CHECKPOINT_DEFAULTS |= {"checkpoint.filename": "epoch{epoch:03d}-val_acc{val/acc
 CHECKPOINT_DEFAULTS |= {"checkpoint.auto_insert_metric_name": False}
 # The commands a default callback has work in (one not named: every command; the checkpoint and reseed ones stay
 # in all, as Lightning warns of a checkpoint's callback missing from a run that loads it).
-WORKS_IN: dict[str, set[str]] = {"guards": {"fit"}, "cpu_time_estimate": {"fit"}, "predictions": {"predict"}}
-WORKS_IN["precise_bn"] = {"fit"}
+WORKS_IN: dict[str, set[str]] = {"guards": {"fit"}, "precise_bn": {"fit"}, "predictions": {"predict"}}
 
 
 def left_out_of(command: str) -> set[str]:

@@ -4,30 +4,30 @@ their records, and rank 0 writes TensorBoard scalars, ``timing.json`` and a tabl
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.accelerators import CPUAccelerator
 
 from project.toolkit.callbacks.timing_report import (
     all_gather,
     batch_size_of,
     counted,
     epoch_end_step,
-    gather_bubble,
+    estimate_line,
     log_scalars,
-    optimizer_state_bytes,
     run_description,
-    sample_copies,
     update_timing_json,
 )
 from project.toolkit.data.datamodule import data_settings
 from project.toolkit.data.input_path import data_wait_advice, machine_of
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
-from project.toolkit.measure import anatomy, bandwidth, flops, probes, summary
+from project.toolkit.measure import anatomy, bandwidth, devices, flops, probes, summary
 from project.toolkit.measure.devices import CudaEventClock, DeviceClock, HostClock, device_clock, peak_memory_mb
 from project.toolkit.measure.environment import run_environment
 from project.toolkit.measure.recorders import InferenceRecorder, TrainRecorder
@@ -51,6 +51,9 @@ class TimingCallback(Callback):
         anatomy_steps: Steady steps over which each rank's step is split into its parts (``step_anatomy``); 0: off.
         block_times: After a single-device fit, time each declared block forward and backward (what ``python -m
             project plan`` predicts a pipeline from; about 2-3 steps, once).
+        cpu_estimate_iterations: On a CPU, the training iterations after the first (which pays for start-up) timed
+            to estimate the fit's time.
+        cpu_estimate_min_minutes: Say that estimate, with the faster choices, only for a fit expected to take longer.
     """
 
     def __init__(
@@ -60,6 +63,8 @@ class TimingCallback(Callback):
         peak_tflops: float | None = None,
         anatomy_steps: int = 5,
         block_times: bool = True,
+        cpu_estimate_iterations: int = 3,
+        cpu_estimate_min_minutes: float = 10.0,
     ):
         if warmup_iterations < 0:
             raise ProjectError(f"timing.warmup_iterations={warmup_iterations} is not allowed: it must be >= 0")
@@ -69,6 +74,9 @@ class TimingCallback(Callback):
             raise ProjectError(f"timing.anatomy_steps={anatomy_steps} is not allowed: it must be >= 0 (0: off)")
         self.warmup_iterations, self.anatomy_steps = warmup_iterations, anatomy_steps
         self.block_times, self.sync_every_step, self.peak_tflops = block_times, sync_every_step, peak_tflops
+        self.cpu_estimate_iterations, self.cpu_estimate_min_minutes = cpu_estimate_iterations, cpu_estimate_min_minutes
+        self._estimating = False  # a CPU fit's first steps: timed for the estimate_line
+        self._estimate_from: tuple[float, int] | None = None  # (perf_counter, global step) the estimate counts from
         self.make_clock: Callable[[torch.device, bool], DeviceClock] = device_clock  # tests fake an async device
         self.report: dict[str, Any] = {}  # what rank 0 last wrote; empty on other ranks
         self._clock: DeviceClock = HostClock()
@@ -82,6 +90,7 @@ class TimingCallback(Callback):
         self._blocks: list | None = None  # the network's declared blocks, for the timing after the fit
         self._anatomy = anatomy.AnatomyWindow(self._clock, 0, 0)
         self._ddp_probe: probes.DDPProbe | None = None
+        self._log_dir: str | None = None  # the run folder, asked by every rank at the end of a stage
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._device = trainer.strategy.root_device
@@ -100,6 +109,8 @@ class TimingCallback(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.anatomy_steps:  # the strategy has wrapped the model; no backward has run yet
             self._ddp_probe = probes.attach(self._anatomy, trainer, pl_module)
+        self._estimating = isinstance(trainer.accelerator, CPUAccelerator) and not trainer.fast_dev_run
+        self._estimate_from = None
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._train.start_epoch(self._clock.wait())
@@ -118,6 +129,19 @@ class TimingCallback(Callback):
     ) -> None:
         self._train.end_batch(batch_size_of(batch))
         self._anatomy.batch_end(batch_idx)
+        if self._estimating:
+            self._estimate(trainer)
+
+    def _estimate(self, trainer: Trainer) -> None:
+        """After the first step and ``cpu_estimate_iterations`` more, one line if the fit will be long."""
+        now, step = time.perf_counter(), trainer.global_step
+        if self._estimate_from is None:
+            self._estimate_from = (now, step) if step >= 1 else None
+        elif step - self._estimate_from[1] >= max(1, self.cpu_estimate_iterations):
+            self._estimating = False
+            seconds_per_step = (now - self._estimate_from[0]) / (step - self._estimate_from[1])
+            if line := estimate_line(trainer, seconds_per_step, self.cpu_estimate_min_minutes):
+                log.warning(line)
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor) -> None:
         self._anatomy.point("backward_start")
@@ -140,11 +164,11 @@ class TimingCallback(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._anatomy.epoch_ended()
-        records = self._gather(trainer, self._train.end_epoch(self._clock.wait()))
-        bubble = gather_bubble(trainer, "epoch")
-        if not trainer.is_global_zero:
+        gathered = self._gather(trainer, self._train.end_epoch(self._clock.wait()), "epoch")
+        if gathered is None:
             return
-        epoch = summary.summarise_epoch(trainer.current_epoch, [r for r, _ in records], sample_copies(trainer))
+        records, labels, memory, bubble, _ = gathered
+        epoch = summary.summarise_epoch(trainer.current_epoch, records, getattr(trainer.strategy, "sample_copies", 1))
         self._epochs.append(epoch)
         work = self._work(trainer, "train", epoch["samples_per_second"])
         metrics = {
@@ -155,30 +179,25 @@ class TimingCallback(Callback):
             "time/train_tflops_per_second": work["train_tflops_per_second"],
             "time/mfu": work["mfu"],
         }
-        labels, memory = summary.memory_entries([m for _, m in records], self._device.type)
-        metrics.update({f"memory/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
-        metrics.update({f"time/bubble_fraction/rank{rank}": value for rank, value in enumerate(bubble or [])})
-        log_scalars(trainer, metrics, step=epoch_end_step(trainer))
+        log_scalars(trainer, metrics | _memory_and_bubble("", labels, memory, bubble), step=epoch_end_step(trainer))
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        records = self._gather(trainer, self._train.fit_record(self._clock.wait(), self.warmup_iterations))
-        bubble = gather_bubble(trainer, "fit")
-        step_anatomy = self._gather_anatomy(trainer)
-        log_dir = trainer.log_dir  # every rank must ask: Lightning broadcasts it from rank 0
-        if not trainer.is_global_zero:
+        gathered = self._gather(trainer, self._train.fit_record(self._clock.wait(), self.warmup_iterations), "fit")
+        if gathered is None:
             return
-        labels, memory = summary.memory_entries([m for _, m in records], self._device.type)
-        numbers = summary.summarise_fit(self._epochs, [r for r, _ in records])
-        numbers.update(self._work(trainer, "train", numbers["train_samples_per_second"]))
+        records, labels, memory, bubble, step_anatomy = gathered
         report = {**run_description(trainer, pl_module)}
+        numbers = summary.summarise_fit(self._epochs, records)
+        numbers.update(self._work(trainer, "train", numbers["train_samples_per_second"]))
         report.update({k: clean(v) if isinstance(v, float) else v for k, v in numbers.items()})
         report.update(peak_memory_mb=memory, peak_memory_devices=labels)
         if bubble is not None:  # a pipeline: each stage's share of its step time spent waiting, per rank
             report["bubble_fraction"] = [clean(v, 4) for v in bubble]
-        if step_anatomy is not None:  # where each rank's step time went, over a window of steady steps
+        if step_anatomy is not None:
             report["step_anatomy"] = step_anatomy
         if self._network is not None:
-            report["network"] = {**self._network, "optimizer_state_bytes": optimizer_state_bytes(trainer)}
+            state = sum(devices.tensor_bytes(o.state) for o in trainer.optimizers)  # momentum, Adam's moments, ...
+            report["network"] = {**self._network, "optimizer_state_bytes": state}
             # After the fit, so no step is touched; python -m project plan predicts a pipeline from it.
             if self.block_times and self._blocks:
                 times = block_times.probe_after_fit(
@@ -189,9 +208,8 @@ class TimingCallback(Callback):
         scalars = {f"time/summary/{k}": v for k, v in report.items() if isinstance(v, float)}
         for rank, parts in enumerate(step_anatomy["ranks"] if step_anatomy else []):
             scalars.update({f"time/step_anatomy/{k}/rank{rank}": v for k, v in parts.items() if k in anatomy.FIELDS})
-        scalars.update({f"time/summary/bubble_fraction/rank{r}": v for r, v in enumerate(bubble or [])})
-        scalars.update({f"memory/summary/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
-        self._publish(trainer, log_dir, report, scalars, step=epoch_end_step(trainer), title="fit")
+        scalars |= _memory_and_bubble("summary/", labels, memory, bubble)
+        self._publish(trainer, report, scalars, step=epoch_end_step(trainer), title="fit")
         path = getattr(trainer.datamodule, "input_path", None)
         if advice := path and data_wait_advice(report["data_wait_fraction"], path, machine_of(trainer)):
             log.warning(advice)  # over a tenth of the epoch: say so, and what would help
@@ -220,69 +238,78 @@ class TimingCallback(Callback):
 
     def _finish_inference(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._clock.wait()
-        records = self._gather(trainer, self._inference.record(self.warmup_iterations))
-        log_dir = trainer.log_dir
-        if not trainer.is_global_zero:
+        gathered = self._gather(trainer, self._inference.record(self.warmup_iterations))
+        if gathered is None:
             return
-        labels, memory = summary.memory_entries([m for _, m in records], self._device.type)
-        figures = summary.summarise_inference(stage, [r for r, _ in records], sample_copies(trainer))
-        report = {**run_description(trainer, pl_module), **figures}
+        records, labels, memory, _, _ = gathered
+        copies = getattr(trainer.strategy, "sample_copies", 1)
+        report = {**run_description(trainer, pl_module), **summary.summarise_inference(stage, records, copies)}
         work = self._work(trainer, "inference", report[f"{stage}_samples_per_second"])
         report.update({f"{stage}_tflops_per_second": work["inference_tflops_per_second"], f"{stage}_mfu": work["mfu"]})
         report.update({f"{stage}_peak_memory_mb": memory, f"{stage}_peak_memory_devices": labels})
         scalars = {f"time/{stage}/batch_latency_ms_{k}": v for k, v in report[f"{stage}_batch_latency_ms"].items()}
         for key in ("sample_latency_ms", "samples_per_second", "tflops_per_second", "mfu"):
             scalars[f"time/{stage}/{key}"] = report[f"{stage}_{key}"]
-        scalars.update({f"memory/{stage}/peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)})
-        self._publish(trainer, log_dir, report, scalars, step=trainer.global_step, title=stage)
+        scalars |= _memory_and_bubble(f"{stage}/", labels, memory, None)
+        self._publish(trainer, report, scalars, step=trainer.global_step, title=stage)
 
-    def _gather(self, trainer: Trainer, record: Any) -> list[tuple[Any, summary.Memory]]:
-        """Every rank's record and peak memory; a collective that every rank calls."""
-        memory, gather, width = peak_memory_mb(self._device), all_gather(trainer.strategy), max(1, trainer.num_devices)
-        return summary.gather_records(record, memory, trainer.world_size, gather, trainer.strategy.root_device, width)
-
-    def _gather_anatomy(self, trainer: Trainer) -> dict[str, Any] | None:
-        """Every rank's step anatomy, as ``timing.json``'s ``step_anatomy``; a collective (every rank)."""
-        if not self.anatomy_steps:
+    def _gather(self, trainer: Trainer, record: Any, scope: str | None = None) -> tuple | None:
+        """Every rank's record, its peak memory per device, at the end of an epoch or the fit (``scope``) its pipeline
+        bubble, and of the fit its step anatomy: the collectives every rank calls. Rank 0, which reports, gets
+        ``(records, labels, peak MiB, bubble, step_anatomy)``, the others None."""
+        gather, root = all_gather(trainer.strategy), trainer.strategy.root_device
+        memory, width = peak_memory_mb(self._device), max(1, trainer.num_devices)
+        rows = summary.gather_records(record, memory, trainer.world_size, gather, root, width)
+        bubble, step_anatomy = None, None
+        if scope and (measure := getattr(trainer.strategy, "bubble_fraction", None)):
+            local = torch.tensor([summary.nan_for_none(measure(scope))], device=root)
+            bubble = [float(v) for v in gather(local).reshape(-1).cpu()]
+        if scope == "fit" and self.anatomy_steps:  # where each rank's step time went, over a window of steady steps
+            vectors = gather(torch.tensor(self._anatomy.vector(), dtype=torch.float64, device=root))
+            clock = "cuda_events" if isinstance(self._clock, CudaEventClock) else "host"
+            step_anatomy = anatomy.report(vectors.reshape(trainer.world_size, -1).tolist(), self._anatomy, clock)
+            if step_anatomy is not None:  # how many cores a CPU step could use (python -m project plan reads it)
+                step_anatomy["threads"] = torch.get_num_threads()
+        self._log_dir = trainer.log_dir  # every rank must ask: Lightning broadcasts it from rank 0
+        if not trainer.is_global_zero:
             return None
-        local = torch.tensor(self._anatomy.vector(), dtype=torch.float64, device=trainer.strategy.root_device)
-        rows = all_gather(trainer.strategy)(local).reshape(trainer.world_size, -1).tolist()
-        clock = "cuda_events" if isinstance(self._clock, CudaEventClock) else "host"
-        result = anatomy.report(rows, self._anatomy, clock)
-        if result is not None:  # how many cores a CPU step could use (python -m project plan reads it)
-            result["threads"] = torch.get_num_threads()
-        return result
+        labels, peaks = summary.memory_entries([m for _, m in rows], self._device.type)
+        return [r for r, _ in rows], labels, peaks, bubble, step_anatomy
 
     def _work(self, trainer: Trainer, kind: str, samples_per_second: float | None) -> dict[str, Any]:
         """TFLOP/s achieved by all devices at ``samples_per_second``, the peak used and the MFU."""
         per_sample = (self._flops or {}).get(kind)
         achieved = per_sample * samples_per_second / 1e12 if per_sample and samples_per_second else None
         peak = self.peak_tflops or flops.device_peak_tflops(self._device, str(trainer.precision))
-        devices = trainer.num_devices * trainer.num_nodes
-        mfu = flops.mfu(achieved, peak * devices if peak else None)
+        all_devices = trainer.num_devices * trainer.num_nodes
+        mfu = flops.mfu(achieved, peak * all_devices if peak else None)
         # Not rounded to a few decimals: on a CPU these are 1e-4 TFLOP/s and less.
         work = {f"{kind}_tflops_per_second": clean(achieved, 9), "peak_tflops": peak, "mfu": clean(mfu, 9)}
         batch = data_settings(trainer).get("batch_size")
         if kind == "train" and self._network is not None and samples_per_second and batch:
             moved = bandwidth.training_traffic(
-                self._network, str(trainer.precision), samples_per_second, samples_per_second / batch, devices
+                self._network, str(trainer.precision), samples_per_second, samples_per_second / batch, all_devices
             )
             peak_tbps = bandwidth.device_peak_tbps(self._device)
             work["bandwidth_tb_per_second"] = clean(moved / 1e12, 9)
             work["peak_bandwidth_tb_per_second"] = peak_tbps
-            work["bandwidth_fraction"] = clean(moved / 1e12 / (peak_tbps * devices), 6) if peak_tbps else None
+            work["bandwidth_fraction"] = clean(moved / 1e12 / (peak_tbps * all_devices), 6) if peak_tbps else None
         return work
 
-    def _publish(
-        self, trainer: Trainer, log_dir: str | None, report: dict, scalars: dict, step: int, title: str
-    ) -> None:
+    def _publish(self, trainer: Trainer, report: dict, scalars: dict, step: int, title: str) -> None:
         """Rank 0: TensorBoard scalars, the merged ``timing.json`` and the printed table."""
         log_scalars(trainer, scalars, step)
         report = {**report, "model_flops_per_sample": self._flops, "environment": run_environment()}
         if plan := getattr(trainer.strategy, "parallel_plan", None):  # fsdp's units, pipeline's stages
             report["parallel_plan"] = plan
-        if trainer.loggers and log_dir is not None:
-            self.report = update_timing_json(Path(log_dir) / "timing.json", report)
+        if trainer.loggers and self._log_dir is not None:
+            self.report = update_timing_json(Path(self._log_dir) / "timing.json", report)
         else:
             self.report = report
         print(summary.format_table(report, title), flush=True)
+
+
+def _memory_and_bubble(scope: str, labels: list[str], memory: list, bubble: list[float] | None) -> dict[str, Any]:
+    """Peak MiB per device and the pipeline bubble per rank as scalars: ``memory/<scope>peak_mb/<device>``, ..."""
+    scalars = {f"memory/{scope}peak_mb/{label}": mb for label, mb in zip(labels, memory, strict=True)}
+    return scalars | {f"time/{scope}bubble_fraction/rank{rank}": value for rank, value in enumerate(bubble or [])}

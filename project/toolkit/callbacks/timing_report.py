@@ -1,4 +1,5 @@
-"""What the timing callback reports besides its records: run description, network counts, scalars, ``timing.json``."""
+"""What the timing callback reports besides its records: run description, network counts, scalars, ``timing.json``,
+the estimate a long CPU fit starts with."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from torch import nn
 
 from project.toolkit.data.datamodule import data_settings, image_channels
-from project.toolkit.measure.devices import tensor_bytes
 
 # A network's counts (FLOPs, sizes) by counter, structure and input: a process counts each network once.
 COUNTED: dict[tuple, Any] = {}
@@ -36,26 +36,6 @@ def counted(trainer: Trainer, pl_module: LightningModule, count: Callable[..., d
     if key not in COUNTED:
         COUNTED[key] = count(net, **feed, **extra)
     return COUNTED[key]
-
-
-def optimizer_state_bytes(trainer: Trainer) -> int:
-    """Bytes of this rank's optimizer state (momentum, Adam's moments, ...), at the fit's end."""
-    return sum(tensor_bytes(optimizer.state) for optimizer in trainer.optimizers)
-
-
-def sample_copies(trainer: Trainer) -> int:
-    """How many ranks see each sample: 1, or every stage of a pipeline (which then counts it once)."""
-    return getattr(trainer.strategy, "sample_copies", 1)
-
-
-def gather_bubble(trainer: Trainer, scope: str) -> list[float] | None:
-    """Every rank's pipeline bubble over the epoch or the fit; None for a strategy without one. A collective."""
-    measure = getattr(trainer.strategy, "bubble_fraction", None)
-    if measure is None:
-        return None
-    value = measure(scope)
-    local = torch.tensor([math.nan if value is None else value], device=trainer.strategy.root_device)
-    return [float(v) for v in all_gather(trainer.strategy)(local).reshape(-1).cpu()]
 
 
 def all_gather(strategy: Any) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -84,20 +64,17 @@ def epoch_end_step(trainer: Trainer) -> int:
     return max(trainer.global_step - 1, 0)
 
 
-def _short_name(obj: object, suffix: str) -> str:
-    """``DDPStrategy`` -> ``ddp``, ``CUDAAccelerator`` -> ``cuda``; a registered name if the class has one."""
-    registered = getattr(type(obj), "strategy_name", None)
-    return registered or type(obj).__name__.removesuffix(suffix).lower()
-
-
 def run_description(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
     """What was run: the settings a reader needs to compare two ``timing.json`` files."""
     datamodule_hparams = data_settings(trainer)
     path = getattr(trainer.datamodule, "input_path", None)  # the input path the data module took, its workers, why
     inputs = dict(input_path=path.name, num_workers=path.num_workers, input_path_reason=path.reason) if path else {}
-    return {
-        "strategy": _short_name(trainer.strategy, "Strategy"),
-        "accelerator": _short_name(trainer.accelerator, "Accelerator"),
+    used = {"strategy": trainer.strategy, "accelerator": trainer.accelerator}
+    return {  # DDPStrategy -> ddp, CUDAAccelerator -> cuda; a registered name where the class has one
+        **{
+            k: getattr(type(o), "strategy_name", None) or type(o).__name__.removesuffix(k.title()).lower()
+            for k, o in used.items()
+        },
         "devices": trainer.num_devices,
         "num_nodes": trainer.num_nodes,
         "world_size": trainer.world_size,
@@ -129,3 +106,39 @@ def batch_size_of(batch: Any) -> int:
     """
     first = batch[0] if isinstance(batch, (tuple, list)) and batch else None
     return first.shape[0] if isinstance(first, torch.Tensor) and first.ndim else extract_batch_size(batch)
+
+
+SMALL_IMAGE_SIZE = 32  # CIFAR-10's own size: the cheapest --data.image_size that loses no detail
+# Evaluating a batch is a forward pass only, about a third of a training step's forward + backward.
+EVALUATION_SHARE_OF_A_STEP = 1 / 3
+
+
+def format_duration(seconds: float) -> str:
+    """``5400`` -> ``'1 h 30 min'``, ``150`` -> ``'3 min'``, ``20`` -> ``'20 s'``."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = int(seconds / 60 + 0.5)  # half up: round() rounds 2.5 to 2
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
+def estimate_line(trainer: Trainer, seconds_per_step: float, min_minutes: float) -> str | None:
+    """The line a CPU fit starts with when it will take ``min_minutes`` or more (:class:`TimingCallback`); else None."""
+    total_steps = trainer.estimated_stepping_batches
+    if not math.isfinite(total_steps) or total_steps <= 0:
+        return None
+    steps_per_epoch = max(1, math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches))
+    epochs = math.ceil(total_steps / steps_per_epoch)
+    validation_batches = sum(trainer.num_val_batches) if trainer.enable_validation else 0
+    seconds = seconds_per_step * (total_steps + epochs * validation_batches * EVALUATION_SHARE_OF_A_STEP)
+    if seconds < 60 * min_minutes:
+        return None
+    faster = []
+    image_size = data_settings(trainer).get("image_size")
+    if image_size and image_size > SMALL_IMAGE_SIZE:
+        fewer = (image_size / SMALL_IMAGE_SIZE) ** 2
+        faster.append(f"--data.image_size={SMALL_IMAGE_SIZE} ({fewer:.0f}x fewer pixels per image)")
+    faster.append("a GPU (--trainer.accelerator=gpu)")
+    return (
+        f"This fit will take about {format_duration(seconds)} on this CPU ({seconds_per_step:.2f} s per step, "
+        f"{total_steps} steps in {epochs} epoch(s), with validation); faster: {' or '.join(faster)}"
+    )
