@@ -61,7 +61,7 @@ def test_flops_and_peaks() -> None:
 
 
 def test_measured_batches_leave_out_each_later_sizes_first_batch() -> None:
-    from project.toolkit.measure.recorders import measured_batches
+    from project.toolkit.measure.summary import measured_batches
 
     assert measured_batches([256, 256, 256, 16]) == [0, 1, 2]
     assert measured_batches([1, 1]) == [0, 1]
@@ -69,7 +69,7 @@ def test_measured_batches_leave_out_each_later_sizes_first_batch() -> None:
 
 
 def test_statistics() -> None:
-    from project.toolkit.measure.stats import after_warmup, clean, describe, nanmax
+    from project.toolkit.measure.summary import after_warmup, clean, describe, nanmax
 
     described = {k: round(v, 3) for k, v in describe([1.0, 2.0, 3.0, 4.0]).items()}
     assert described == {"mean": 2.5, "std": 1.291, "p50": 2.5, "p90": 3.7, "p99": 3.97}

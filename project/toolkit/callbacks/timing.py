@@ -30,8 +30,7 @@ from project.toolkit.log import get_logger
 from project.toolkit.measure import anatomy, bandwidth, devices, flops, probes, summary
 from project.toolkit.measure.devices import CudaEventClock, DeviceClock, HostClock, device_clock, peak_memory_mb
 from project.toolkit.measure.environment import run_environment
-from project.toolkit.measure.recorders import InferenceRecorder, TrainRecorder
-from project.toolkit.measure.stats import clean
+from project.toolkit.measure.summary import InferenceRecorder, TrainRecorder, clean
 from project.toolkit.plan import block_times
 from project.toolkit.plan.network import network_profile
 from project.toolkit.strategies.blocks import checked_blocks_or_none

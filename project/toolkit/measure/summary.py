@@ -1,23 +1,53 @@
-"""Each rank's timing records, exchanged in one collective per epoch or stage, and the run's figures: a time is
-the SLOWEST rank's, a throughput counts ALL ranks' samples, memory is listed per rank and device."""
+"""Each rank's timing marks, taken without device waits and turned into records at epoch and stage ends
+(:class:`TrainRecorder`, :class:`InferenceRecorder`); the records exchanged in one collective per epoch or stage;
+the run's figures: a time is the SLOWEST rank's, a throughput counts ALL ranks' samples, memory is listed per rank and
+device."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from project.toolkit.measure.anatomy import format_line as anatomy_line
-from project.toolkit.measure.stats import STATS, clean, nanmax
+from project.toolkit.measure.devices import DeviceClock
 from project.toolkit.measure.tables import mean_std, number
 
 NAN = math.nan
+STATS = ("mean", "std", "p50", "p90", "p99")
 BANDWIDTH = ("bandwidth_tb_per_second", "bandwidth_fraction")
 Memory = list[tuple[int, float]]  # (device index, peak MiB) per device a rank used; index -1: the host
+
+
+def describe(values: Sequence[float]) -> dict[str, float | None]:
+    """Mean, sample standard deviation and the 50th/90th/99th percentiles of ``values``."""
+    if not values:
+        return dict.fromkeys(STATS)
+    p50, p90, p99 = np.percentile(values, [50, 90, 99]).tolist()
+    std = statistics.stdev(values) if len(values) > 1 else None
+    return {"mean": statistics.fmean(values), "std": std, "p50": p50, "p90": p90, "p99": p99}
+
+
+def after_warmup(values: list[float], warmup: int) -> list[float]:
+    """``values`` without the first ``warmup``; all of them when nothing would be left."""
+    return values[warmup:] if len(values) > warmup else values
+
+
+def nanmax(values: Sequence[float]) -> float:
+    """The largest number, ignoring NaN (a rank with nothing to report); NaN if all are."""
+    present = [v for v in values if not math.isnan(v)]
+    return max(present) if present else math.nan
+
+
+def clean(value: float | None, digits: int = 6) -> float | None:
+    """A JSON-safe number: NaN (how a missing value travels between ranks) becomes None."""
+    return None if value is None or math.isnan(value) else round(value, digits)
 
 
 @dataclass
@@ -64,6 +94,89 @@ Record = TypeVar("Record", EpochRecord, FitRecord, InferenceRecord)
 def nan_for_none(value: float | None) -> float:
     """How a missing value travels in a float tensor between ranks."""
     return NAN if value is None else value
+
+
+class TrainRecorder:
+    def __init__(self, clock: DeviceClock, fit_start: float) -> None:
+        self.clock, self.fit_start = clock, fit_start
+        self.iterations: list[float] = []  # seconds, read at each epoch's end
+        # this epoch's (wait start, start, end) per batch, on the device's clock: the data wait is the device's
+        # time between steps (the host's would also hold its own waits for the device)
+        self.pending: list[tuple[Any, Any, Any]] = []
+        self.val_runs: list[float] = []
+        self.in_epoch = False
+        self.epoch_start = self.val_start = 0.0
+        self.samples, self.val_in_epoch = 0, 0.0
+        self.batch_marks: tuple[Any, Any] = (None, None)  # the batch under way's (wait start, start)
+        self.last_end_mark: Any = None
+
+    def start_epoch(self, now: float) -> None:
+        self.in_epoch, self.epoch_start = True, now
+        self.samples, self.val_in_epoch = 0, 0.0
+        self.last_end_mark = self.clock.mark()
+
+    def start_batch(self) -> None:
+        self.batch_marks = (self.last_end_mark, self.clock.mark())
+
+    def end_batch(self, samples: int) -> None:
+        self.last_end_mark = self.clock.mark()
+        self.pending.append((*self.batch_marks, self.last_end_mark))
+        self.samples += samples
+
+    def start_validation(self, now: float) -> None:
+        self.val_start = now
+
+    def end_validation(self, now: float) -> None:
+        seconds = now - self.val_start
+        self.val_runs.append(seconds)
+        if self.in_epoch:  # validation inside a training epoch is neither training nor data wait
+            self.val_in_epoch += seconds
+            self.last_end_mark = self.clock.mark()
+
+    def end_epoch(self, now: float) -> EpochRecord:
+        """The epoch just ended; ``now`` was read after waiting for the device, so its marks are done."""
+        self.in_epoch = False
+        self.iterations += [self.clock.seconds(start, end) for _, start, end in self.pending]
+        data_wait = sum(self.clock.seconds(wait, start) for wait, start, _ in self.pending)
+        self.pending.clear()
+        return EpochRecord(now - self.epoch_start - self.val_in_epoch, self.samples, data_wait, self.val_in_epoch)
+
+    def fit_record(self, now: float, warmup: int) -> FitRecord:
+        measured = after_warmup(self.iterations, warmup)
+        stats = [nan_for_none(describe(measured)[k]) for k in ("mean", "std", "p50", "p90")]
+        val_mean = nan_for_none(statistics.fmean(self.val_runs) if self.val_runs else None)
+        return FitRecord(now - self.fit_start, *stats, len(measured), len(self.iterations) - len(measured), val_mean)
+
+
+class InferenceRecorder:
+    def __init__(self, clock: DeviceClock) -> None:
+        self.clock = clock
+        self.marks: list[tuple[Any, Any]] = []
+        self.samples: list[int] = []
+        self.batch_mark: Any = None
+
+    def start_batch(self) -> None:
+        self.batch_mark = self.clock.mark()
+
+    def end_batch(self, samples: int) -> None:
+        self.marks.append((self.batch_mark, self.clock.mark()))
+        self.samples.append(samples)
+
+    def record(self, warmup: int) -> InferenceRecord:
+        """Read after the wait, without the first ``warmup`` batches and the first of each later size (which on a GPU
+        runs cuDNN's autotuning for its new shape)."""
+        seconds = [self.clock.seconds(start, end) for start, end in self.marks]
+        everything = list(range(len(seconds)))  # with nothing left: after_warmup's rule
+        kept = [i for i in measured_batches(self.samples) if i >= warmup] or after_warmup(everything, warmup)
+        latencies = [seconds[i] for i in kept]
+        stats = [nan_for_none(v) for v in describe(latencies).values()]
+        return InferenceRecord(*stats, len(latencies), sum(self.samples[i] for i in kept), sum(latencies))
+
+
+def measured_batches(sizes: list[int]) -> list[int]:
+    """The indices of the batches to measure: all but the first batch of each size that appears after the first."""
+    first = {size: i for i, size in reversed(list(enumerate(sizes)))}
+    return [i for i, size in enumerate(sizes) if i == 0 or first[size] < i]
 
 
 def gather_records(
