@@ -178,7 +178,8 @@ def check_checkpoint_file(path: str | Path) -> dict[str, Any] | None:
 def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False) -> str | None:
     """The ``last.ckpt`` of the newest run under ``runs_root``, or that run's best checkpoint; None where
     there is none and ``allow_none`` (``fit --ckpt_path=last`` before any run)."""
-    runs = sorted(runs_root.glob("version_*/checkpoints/last.ckpt"), key=_version_number)
+    found = runs_root.glob("version_*/checkpoints/last.ckpt")  # sorted by number: version_10 after version_9
+    runs = sorted(found, key=lambda p: int(n) if (n := p.parent.parent.name[8:]).isdigit() else -1)
     if not runs:
         if allow_none:
             log.warning("--ckpt_path=%s: no checkpoint under %s yet; starting from scratch", which, runs_root)
@@ -202,9 +203,3 @@ def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False) -> st
         )
     log.info("--ckpt_path=best: %s", best)
     return best
-
-
-def _version_number(last_ckpt: Path) -> int:
-    """``.../version_12/checkpoints/last.ckpt`` -> 12, so version_10 sorts after version_9."""
-    suffix = last_ckpt.parent.parent.name.removeprefix("version_")
-    return int(suffix) if suffix.isdigit() else -1

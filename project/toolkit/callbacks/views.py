@@ -69,11 +69,6 @@ def _tensorboard_loggers(trainer: Trainer) -> list[TensorBoardLogger]:
     return [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
 
 
-def _number(value: Any) -> float | None:
-    value = value.item() if hasattr(value, "item") else value  # a tensor from callback_metrics
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def final_metrics(trainer: Trainer) -> dict[str, float | None]:
     """The HPARAMS tab's metrics: the last and best ``val/acc``, steady throughput and epoch time (None: not run)."""
     timing = getattr(find_callback(trainer, TimingCallback), "report", {})
@@ -81,7 +76,9 @@ def final_metrics(trainer: Trainer) -> dict[str, float | None]:
     best = checkpoint.best_model_score if isinstance(checkpoint, ModelCheckpoint) else None
     values = [trainer.callback_metrics.get("val/acc"), best]
     values += [timing.get("train_samples_per_second"), timing.get("epoch_seconds_mean")]  # in HPARAM_METRICS' order
-    return {name: _number(value) for name, value in zip(HPARAM_METRICS, values, strict=True)}
+    values = [v.item() if hasattr(v, "item") else v for v in values]  # tensors from callback_metrics
+    numbers = [float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None for v in values]
+    return dict(zip(HPARAM_METRICS, numbers, strict=True))
 
 
 def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:

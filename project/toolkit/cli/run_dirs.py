@@ -43,12 +43,6 @@ def runs_root(trainer_config: Any) -> Path:
     return root / (init_args.get("save_dir") or "") / (init_args.get("name", DEFAULT_LOGGER_NAME) or "")
 
 
-def next_version(root: Path) -> int:
-    """One more than the highest ``version_N`` under ``root`` (0 if none): the default logger's rule."""
-    numbers = [int(p.name[8:]) for p in root.glob("version_*") if p.name[8:].isdigit()]
-    return max(numbers, default=-1) + 1
-
-
 def run_folder_of(checkpoint: Any) -> Path | None:
     """``.../version_N`` for a checkpoint at ``.../version_N/checkpoints/<file>``; None for any other path."""
     if not isinstance(checkpoint, (str, Path)) or Path(checkpoint).absolute().parent.name != "checkpoints":
@@ -114,7 +108,8 @@ def arrange_run_folder(subcommand: str, config: Any) -> str | None:
     if fit_run is not None and not same_setup(fit_run, config, checkpoint_data_settings(config.ckpt_path)):
         fit_run = None
     root_dir, root = trainer.get("default_root_dir") or os.getcwd(), runs_root(trainer)
-    version = fit_run.name if fit_run else f"version_{next_version(root)}"  # one for all the run's loggers
+    numbers = [int(p.name[8:]) for p in root.glob("version_*") if p.name[8:].isdigit()]  # the default logger's rule
+    version = fit_run.name if fit_run else f"version_{max(numbers, default=-1) + 1}"  # one for all the run's loggers
     if logger is False:
         trainer.default_root_dir = str(fit_run or root / version)
     if logger in (None, True):  # Lightning's default logger, without its placeholder hp_metric=-1 (see views.py)

@@ -70,8 +70,12 @@ def choose_input_path(
     elif budget is None:
         because = f"the {machine.device} device's memory is unknown"
     else:
-        size, where = f"the data set ({dataset_bytes / 1e6:.0f} MB)", _memory_name(machine)
-        share = f"{100 * MEMORY_SHARE:.0f} % of {where}"
+        size = f"the data set ({dataset_bytes / 1e6:.0f} MB)"
+        where = "the RAM" if machine.device == "cpu" else f"the {machine.device} device's memory"
+        shared = (
+            f", shared by {machine.processes} processes" if machine.device == "cpu" and machine.processes > 1 else ""
+        )
+        share = f"{100 * MEMORY_SHARE:.0f} % of {where} ({machine.memory_bytes / 2**30:.0f} GiB{shared})"
         if dataset_bytes <= budget:
             return InputPath(True, 0, f"{size} fits in {share}: kept there, augmented in batches")
         because = f"{size} is more than {share}"
@@ -95,14 +99,6 @@ def _workers(num_workers: int | Literal["auto"], machine: Machine) -> tuple[int,
         return 0, "no workers: on a CPU run they would take cores from the training step"
     workers = max(1, min(MAX_WORKERS, machine.cpus // max(1, machine.processes)))
     return workers, f"{workers} workers: min({MAX_WORKERS}, CPUs per process) feed the {machine.device} device"
-
-
-def _memory_name(machine: Machine) -> str:
-    gigabytes = f"{machine.memory_bytes / 2**30:.0f} GiB"
-    if machine.device != "cpu":
-        return f"the {machine.device} device's memory ({gigabytes})"
-    shared = f", shared by {machine.processes} processes" if machine.processes > 1 else ""
-    return f"the RAM ({gigabytes}{shared})"
 
 
 def data_wait_advice(fraction: float | None, path: InputPath, machine: Machine) -> str | None:

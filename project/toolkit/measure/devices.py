@@ -98,19 +98,15 @@ def peak_memory_mb(device: torch.device) -> list[tuple[int, float]]:
         peaks = [(i, torch.cuda.max_memory_allocated(i) / MIB) for i in range(torch.cuda.device_count())]
         return [(i, mb) for i, mb in peaks if mb > 0] or [(device.index or 0, 0.0)]
     if device.type == "xla":
-        return [(device.index or 0, _xla_peak_mb(device))]
+        import torch_xla.core.xla_model as xm
+
+        try:
+            peak = xm.get_memory_info(device).get("peak_bytes_used")  # absent before torch_xla 2.5
+        except Exception:  # runtimes without memory statistics (the XLA CPU client) raise here
+            peak = None
+        return [(device.index or 0, peak / MIB if peak is not None else math.nan)]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the process's, since it started
     return [(-1, peak / MIB if sys.platform == "darwin" else peak / 1024)]  # bytes on macOS, KiB on Linux
-
-
-def _xla_peak_mb(device: torch.device) -> float:
-    import torch_xla.core.xla_model as xm
-
-    try:
-        peak = xm.get_memory_info(device).get("peak_bytes_used")  # absent before torch_xla 2.5
-    except Exception:  # runtimes without memory statistics (the XLA CPU client) raise here
-        return math.nan
-    return peak / MIB if peak is not None else math.nan
 
 
 def tensor_bytes(obj: Any) -> int:
