@@ -81,12 +81,6 @@ def _memory(row: dict[str, Any], prefix: str) -> str:
     return ", ".join(f"{label} {_num(mb, 0)}" for label, mb in pairs)
 
 
-def _bubble(row: dict[str, Any]) -> str:
-    """``62 / 8``: a pipeline's bubble of each rank (stage), in %."""
-    values = row.get("bubble_fraction")
-    return " / ".join(_num(v, 0, 100) for v in values) if isinstance(values, list) and values else MISSING
-
-
 def anatomy_rows(row: dict[str, Any]) -> list[list[str]]:
     anatomy = row.get("step_anatomy")
     rows = []
@@ -152,7 +146,9 @@ def write_markdown(
         row += [r["precision"], *([_text(get("variant"))] if variants else []), _num(get("fit_seconds"), 1)]
         row += [_pm(get("epoch_seconds_mean"), get("epoch_seconds_std"), 2), _num(get("first_epoch_seconds"), 2)]
         row += [_pm(get("iteration_seconds_mean"), get("iteration_seconds_std"), 3)]
-        row += [_num(get("data_wait_fraction"), 1, 100), _bubble(r), _num(get("train_samples_per_second"), 1)]
+        bubble = get("bubble_fraction")  # ``62 / 8``: a pipeline's bubble of each rank (stage), in %
+        bubble = " / ".join(_num(v, 0, 100) for v in bubble) if isinstance(bubble, list) and bubble else MISSING
+        row += [_num(get("data_wait_fraction"), 1, 100), bubble, _num(get("train_samples_per_second"), 1)]
         row += [_significant(get("train_tflops_per_second")), _num(get("mfu"), 1, 100)]
         training.append([*row, MISSING if s is None else f"{s:.2f}x"])
         latency = r.get("test_batch_latency_ms") or {}

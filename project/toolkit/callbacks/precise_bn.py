@@ -1,7 +1,5 @@
-"""Precise BatchNorm statistics: the running mean and variance of every BatchNorm layer recomputed at the current
-weights, as the plain average over training batches (``torch.optim.swa_utils.update_bn``, pycls, detectron2), before
-each validation of a fit and before the epoch's checkpoint where no validation runs. The exponential average the
-training steps keep follows the last ten or so batches: on a small data set, a few batches an epoch, it describes
+"""Precise BatchNorm statistics (``torch.optim.swa_utils.update_bn``, pycls, detectron2): why, the exponential average
+the training steps keep follows the last ten or so batches; on a small data set, a few batches an epoch, it describes
 neither the weights nor the data, and evaluation scores far below training."""
 
 from __future__ import annotations
@@ -109,19 +107,14 @@ class PreciseBatchNorm(Callback):
             if not count:  # no batch: the statistics stay as they were
                 layer.running_mean.copy_(mean)
                 layer.running_var.copy_(var)
-        if count and trainer.world_size > 1 and layers:
-            average_across_processes(trainer, layers)
+        if count and trainer.world_size > 1 and layers:  # each process's means and variances: their mean, at once
+            buffers = [b for layer in layers for b in (layer.running_mean, layer.running_var)]
+            flat = trainer.strategy.reduce(torch.cat([b.reshape(-1) for b in buffers]), reduce_op="mean")
+            for buffer, values in zip(buffers, flat.split([b.numel() for b in buffers]), strict=True):
+                buffer.copy_(values.view_as(buffer))
         pl_module.train(was_training)
         self._done_at = trainer.global_step
         seconds = time.perf_counter() - start
         self.seconds.append(seconds)
         if trainer.is_global_zero and trainer.logger is not None:
             trainer.logger.log_metrics({"time/precise_bn_seconds": seconds}, step=trainer.global_step)
-
-
-def average_across_processes(trainer: Trainer, layers: list[nn.Module]) -> None:
-    """Every process's running means and variances replaced by their mean over the processes, in one collective."""
-    buffers = [b for layer in layers for b in (layer.running_mean, layer.running_var)]
-    flat = trainer.strategy.reduce(torch.cat([b.reshape(-1) for b in buffers]), reduce_op="mean")
-    for buffer, values in zip(buffers, flat.split([b.numel() for b in buffers]), strict=True):
-        buffer.copy_(values.view_as(buffer))
