@@ -26,10 +26,8 @@ from torch.nn import functional as F
 
 from project.nets import build_network, classifier_head, network_blocks
 from project.toolkit.errors import ProjectError
-from project.toolkit.log import get_logger
-from project.toolkit.training import SampleMean, WarmupCosine, fusable, logging_step
+from project.toolkit.training import SampleMean, WarmupCosine, fusable, logging_step, lr_for_batch
 
-log = get_logger(__name__)
 DEFAULT_LR = 0.1  # SGD's peak learning rate for the default global batch of 256
 
 
@@ -213,8 +211,8 @@ class ImageClassifier(LightningModule):
         if self.optimizer_factory is not None:
             optimizer = self.optimizer_factory(parameters)
         else:
-            sgd = {"lr": self._sgd_lr(), "momentum": hp.momentum, "nesterov": hp.nesterov}
-            sgd["weight_decay"] = hp.weight_decay
+            sgd = {"lr": lr_for_batch(hp.lr, DEFAULT_LR, self.trainer), "momentum": hp.momentum}
+            sgd |= {"nesterov": hp.nesterov, "weight_decay": hp.weight_decay}
             # fused: one kernel launch for every parameter's update, where they all sit on one CUDA device
             optimizer = torch.optim.SGD(parameters, **sgd, fused=fusable(parameters) or None)
         if self.scheduler_factory is not None:
@@ -224,24 +222,6 @@ class ImageClassifier(LightningModule):
         warmup_steps = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup_steps, total_steps))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
-
-    def _sgd_lr(self) -> float:
-        """``lr``; the default scaled with the batch where the data module lowered its default batch (the linear
-        scaling rule: the default lr is for batch 256)."""
-        data = getattr(self.trainer, "datamodule", None)
-        lowered_from = getattr(data, "batch_lowered_from", None)
-        if not lowered_from or self.hparams.lr != DEFAULT_LR:
-            return self.hparams.lr
-        lr = DEFAULT_LR * data.hparams.batch_size / lowered_from
-        log.warning(
-            "model.lr=%g (the default, for data.batch_size=%d) is scaled to %.3g for the lowered batch of %d; "
-            "--model.lr=X sets another",
-            DEFAULT_LR,
-            lowered_from,
-            lr,
-            data.hparams.batch_size,
-        )
-        return lr
 
 
 def _check_optimizer_options(

@@ -10,6 +10,10 @@ from typing import Any
 import torch
 from torchmetrics import MeanMetric
 
+from project.toolkit.log import get_logger
+
+log = get_logger(__name__)
+
 
 class WarmupCosine:
     """``LambdaLR`` factor per step: linear warm-up to 1 over ``warmup_steps``, cosine down to 0 at ``total_steps``."""
@@ -42,6 +46,25 @@ def logging_step(step: int, trainer: Any) -> bool:
     step of a ``fast_dev_run``. The host reads a device value only then, when the loggers wait for the device anyway."""
     every = trainer.log_every_n_steps
     return bool(trainer.fast_dev_run) or bool(every and step % every == 0)
+
+
+def lr_for_batch(lr: float, default_lr: float, trainer: Any) -> float:
+    """``lr``; where it is ``default_lr`` and the data module lowered its default batch (a small data set), scaled with
+    the batch (the linear scaling rule), said in one line."""
+    data = getattr(trainer, "datamodule", None)
+    lowered_from = getattr(data, "batch_lowered_from", None)
+    if not lowered_from or lr != default_lr:
+        return lr
+    batch = data.hparams.batch_size
+    log.warning(
+        "model.lr=%g (the default, for data.batch_size=%d) is scaled to %.3g for the lowered batch of %d; "
+        "--model.lr=X sets another",
+        lr,
+        lowered_from,
+        lr * batch / lowered_from,
+        batch,
+    )
+    return lr * batch / lowered_from
 
 
 def fusable(parameters: Iterable[Any]) -> bool:
