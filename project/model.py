@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from project.nets import build_network, classifier_head, network_blocks
 from project.toolkit.errors import ProjectError
-from project.toolkit.training import SampleMean, WarmupCosine, fusable, logging_step, lr_for_batch
+from project.toolkit.training import SampleMean, WarmupCosine, fusable, log_step_values, lr_for_batch
 
 DEFAULT_LR = 0.1  # SGD's peak learning rate for the default global batch of 256
 
@@ -143,13 +143,10 @@ class ImageClassifier(LightningModule):
         # The epoch's loss and accuracy: computed once, at its end.
         self.train_loss.update(loss.expand(len(labels)))  # the batch's mean, once for each image
         self.train_acc.update(predictions == labels)
-        # The step's values straight to the loggers, on their steps: a value given to self.log would be gathered
-        # again by Lightning at every later step of the epoch.
-        if logging_step(self.global_step + 1, self.trainer) and self.loggers:
-            values = {"train/loss_step": float(loss.detach()), "train/lr": self.lr_schedulers().get_last_lr()[0]}
-            for logger in self.loggers:
-                logger.log_metrics({**values, "epoch": self.current_epoch}, step=self.global_step)
         return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        log_step_values(self, outputs)
 
     def on_train_epoch_end(self) -> None:
         self._log_epoch_metrics("train", ("loss", "acc"))

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from lightning.pytorch import LightningModule
 from torchmetrics import MeanMetric
 
 from project.toolkit.log import get_logger
@@ -46,6 +47,18 @@ def logging_step(step: int, trainer: Any) -> bool:
     step of a ``fast_dev_run``. The host reads a device value only then, when the loggers wait for the device anyway."""
     every = trainer.log_every_n_steps
     return bool(trainer.fast_dev_run) or bool(every and step % every == 0)
+
+
+def log_step_values(module: LightningModule, outputs: Any) -> None:
+    """The step's loss and learning rate straight to the loggers, where they write (:func:`logging_step`), after the
+    step: a value given to ``self.log`` would be gathered again by Lightning at every later step of the epoch."""
+    if not (module.loggers and logging_step(module.global_step, module.trainer)):
+        return
+    loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+    values = {"train/loss_step": float(loss), "epoch": module.current_epoch}
+    values["train/lr"] = module.trainer.optimizers[0].param_groups[0]["lr"]
+    for logger in module.loggers:  # at the step Lightning's own logging names: the batches stepped before this one
+        logger.log_metrics(values, step=module.global_step - 1)
 
 
 def lr_for_batch(lr: float, default_lr: float, trainer: Any) -> float:
