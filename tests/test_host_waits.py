@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from project.__main__ import main
@@ -18,28 +17,11 @@ from project.toolkit.callbacks.group import find_callback
 from project.toolkit.callbacks.guards import Guards
 from project.toolkit.callbacks.timing import TimingCallback
 from project.toolkit.measure.devices import HostClock
+from tests.test_performance import HostReads
 
 FIRST, LAST = 10, 40  # the steps watched, counted from 1; the loggers write at step 50
 
-# What reads a tensor's value on the host (on a GPU: waits for it), as torch functions and as the aten op they run.
-READS = {"item", "tolist", "numpy", "cpu", "__float__", "__int__", "__bool__", "__index__", "__array__"}
-READ_OP = torch.ops.aten._local_scalar_dense.default
-
-
-class ReadsSeen(TorchFunctionMode):
-    """Notes every torch function that reads a tensor's value on the host or copies it to the CPU (``.to(device)`` is
-    not among them: on a CPU it cannot be told from the move to the run's own device; the GPU script counts those)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", str(func))
-        if name in READS:
-            self.seen.append(name)
-        return func(*args, **kwargs)
+READ_OP = torch.ops.aten._local_scalar_dense.default  # what .item(), float() and bool() of a tensor run
 
 
 class OpsSeen(TorchDispatchMode):
@@ -62,7 +44,7 @@ class WatchSteps(Callback):
     watching = False  # class-wide: the counting clock of the test below reads it
 
     def __init__(self) -> None:
-        self.functions, self.ops = ReadsSeen(), OpsSeen()
+        self.functions, self.ops = HostReads(), OpsSeen()
         self.watched: list[int] = []
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -98,5 +80,5 @@ def test_steady_steps_read_nothing_on_the_host_and_wait_for_nothing(tiny_args: l
     watcher = next(c for c in cli.trainer.callbacks if isinstance(c, WatchSteps))
     assert watcher.watched == list(range(FIRST, LAST + 1))
     assert find_callback(cli.trainer, Guards) is not None  # every default callback ran
-    assert watcher.functions.seen == [] and watcher.ops.seen == []
+    assert watcher.functions.calls == [] and watcher.ops.seen == []
     assert waits and not any(waits)  # the clock waited, outside the watched steps only
