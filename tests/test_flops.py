@@ -7,11 +7,14 @@ import functools
 import pytest
 import torch
 import torchvision
+from lightning.pytorch.utilities.model_summary import get_human_readable_count
 from torch import nn
 
+from project.__main__ import main
 from project.toolkit.measure.flops import (
     PEAK_TFLOPS,
     convolutions_use_tf32,
+    forward_flops_by_module,
     mfu,
     model_flops_per_sample,
     peak_tflops,
@@ -56,6 +59,25 @@ def test_a_network_counted_by_hand() -> None:
     backward = 2 * (conv + 2 * depthwise + 2 * linear)  # 2 x 16640 = 33280
     assert model_flops_per_sample(tiny_network(), image_size=8) == {"train": forward + backward, "inference": forward}
     assert forward + backward == 56832
+
+
+def test_each_module_counted_by_hand() -> None:
+    """The forward of the hand-counted network, by module ("": the network; ReLU and Flatten do no counted work)."""
+    by_module = forward_flops_by_module(tiny_network(), image_size=8)
+    assert by_module == {"": 23552, "0": 2 * 6912, "2": 2 * 2304, "4": 2 * 2560}
+
+
+def test_the_fit_summary_shows_the_forward_flops_per_image(tiny_args: list[str], capsys: pytest.CaptureFixture) -> None:
+    """Lightning's summary counts FLOPs only through an ``example_input_array``, which the module leaves unset: the
+    template's summary shows the network's, counted on a meta copy (tiny_args: 32 px, 3 channels)."""
+    options = ["--trainer.enable_model_summary=true", "--trainer.max_epochs=1", "--trainer.limit_train_batches=1"]
+    cli = main(["fit", *tiny_args, *options, "--callbacks.timing=false"])
+    forward = model_flops_per_sample(cli.model.net, 32, cli.model.hparams.channels_last)["inference"]
+    printed = capsys.readouterr()
+    totals = [
+        line for line in (printed.out + printed.err).splitlines() if "Total FLOPs" in line or "Total Flops" in line
+    ]
+    assert len(totals) == 1 and get_human_readable_count(forward) in totals[0] and forward > 0, totals
 
 
 def test_grouped_convolutions_are_not_counted_once_per_group() -> None:

@@ -29,6 +29,7 @@ from project.toolkit.callbacks import CHECKPOINT_DEFAULTS, DEFAULT_CALLBACKS, GR
 from project.toolkit.callbacks.checkpoints import Checkpoints, check_checkpoint_file, find_checkpoint
 from project.toolkit.callbacks.group import find_callback, grouped
 from project.toolkit.callbacks.guards import Guards, out_of_memory_message
+from project.toolkit.callbacks.model_summary import with_flops
 from project.toolkit.cli import checks, messages
 from project.toolkit.cli.checkpoint_settings import adopt_checkpoint_settings, adopt_data_set, check_classes
 from project.toolkit.cli.process_exit import leave_gloo_process_group
@@ -144,7 +145,11 @@ class ProjectCLI(LightningCLI):
         # An instance, not the name: Lightning refuses the name `fsdp` off CUDA, taking it for its own FSDP1.
         if self.config_init[self.subcommand].trainer.get("strategy") == "fsdp":
             kwargs.setdefault("strategy", StrategyRegistry.get("fsdp"))
+        given = self.config_init[self.subcommand].trainer.get("callbacks")
+        summary_given = any(isinstance(c, ModelSummary) for c in (given if isinstance(given, list) else [given]))
         trainer = super().instantiate_trainer(**kwargs)
+        if not summary_given:  # the summary Lightning added: one with the network's FLOPs instead
+            trainer.callbacks = [with_flops(callback) for callback in trainer.callbacks]
         # With the template's own: Lightning's two that work only as a run starts, and would cost each step otherwise.
         trainer.callbacks = grouped(trainer.callbacks, (*GROUPED, ModelSummary, SaveConfigCallback))
         self.context.trainer = trainer

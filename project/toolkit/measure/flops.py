@@ -38,25 +38,45 @@ def meta_copy(net: nn.Module) -> nn.Module:
     return copy.deepcopy(net, memo)
 
 
-def model_flops_per_sample(
-    net: nn.Module, image_size: int, channels_last: bool = True, in_channels: int = 3
-) -> dict[str, int]:
-    """FLOPs per image of a training step (``train``) and of ``inference`` on a ``meta`` copy of a plain ``net``."""
-    model = meta_copy(net)
-    # a batch of 2, as BatchNorm trains on 2 or more values; halved, as every count scales with the batch
+def _counted_pass(
+    net: nn.Module, image_size: int, channels_last: bool, in_channels: int, training: bool
+) -> FlopCounterMode:
+    """A FlopCounterMode that saw a step of a ``meta`` copy of ``net`` on a ``meta`` batch of 2 images: BatchNorm
+    trains on 2 or more values, and every count scales with the batch, so the callers halve its counts."""
+    model = meta_copy(net).train(training)
     images = torch.empty(2, in_channels, image_size, image_size, device="meta")
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
         images = images.contiguous(memory_format=torch.channels_last)
-    counts: dict[str, int] = {}
-    for kind, training in (("train", True), ("inference", False)):
-        counter = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
-        with counter, torch.set_grad_enabled(training):
-            output = model.train(training)(images)
-            if training:
-                output.sum().backward()
-        counts[kind] = counter.get_total_flops() // 2
-    return counts
+    counter = FlopCounterMode(display=False, custom_mapping=_FLOP_FORMULAS)
+    with counter, torch.set_grad_enabled(training):
+        output = model(images)
+        if training:
+            output.sum().backward()
+    return counter
+
+
+def model_flops_per_sample(
+    net: nn.Module, image_size: int, channels_last: bool = True, in_channels: int = 3
+) -> dict[str, int]:
+    """FLOPs per image of a training step (``train``) and of ``inference`` on a ``meta`` copy of a plain ``net``."""
+    passes = {"train": True, "inference": False}
+    feed = (image_size, channels_last, in_channels)
+    return {kind: _counted_pass(net, *feed, training).get_total_flops() // 2 for kind, training in passes.items()}
+
+
+def forward_flops_by_module(
+    net: nn.Module, image_size: int, channels_last: bool = True, in_channels: int = 3
+) -> dict[str, int]:
+    """Inference FLOPs per image of each module of a plain ``net`` that runs, by its name in ``net`` (``""``: ``net``
+    itself, which has :func:`model_flops_per_sample`'s ``inference`` count), on a ``meta`` copy."""
+    counts = _counted_pass(net, image_size, channels_last, in_channels, training=False).get_flop_counts()
+    root = type(net).__name__  # FlopCounterMode's name for the module it ran
+    return {
+        name.removeprefix(root).removeprefix("."): sum(by_op.values()) // 2
+        for name, by_op in counts.items()
+        if name == root or name.startswith(root + ".")
+    }
 
 
 # Dense peak TFLOP/s from NVIDIA's datasheets and whitepapers: without the 2:4 sparsity of their headline
