@@ -1,11 +1,13 @@
 """``python -m project export``: the ONNX and pt2 graphs of a trained checkpoint take the test images as uint8
-``(N, C, H, W)`` and predict what ``predict`` wrote; bad input is one ``error:`` line."""
+``(N, C, H, W)``, and files of any size decoded raw, and predict what ``predict`` wrote; bad input is one ``error:``
+line."""
 
 from __future__ import annotations
 
 import csv
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +17,13 @@ import onnx
 import onnxruntime
 import pytest
 import torch
+from PIL import Image
 
 from project.__main__ import main
 from tests import fixtures
 
 SMALL_NET = "--model.arch=tests.user_nets.sequential_convnet"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "export.md"
 
 
 def agreement(a: np.ndarray, b: np.ndarray) -> float:
@@ -61,6 +65,50 @@ def test_the_exported_graphs_predict_what_predict_wrote(trained: Path, tmp_path:
     for logits in (onnx_logits, pt2_logits):
         assert agreement(logits.argmax(1), predicted) >= 0.99
     assert agreement(onnx_logits.argmax(1), pt2_logits.argmax(1)) >= 0.99
+
+
+def image_files(folder: Path) -> list[Path]:
+    """Files of the tiny data set's colours at assorted sizes, landscape and portrait: colour and grey, JPEG and PNG."""
+    folder.mkdir()
+    rng = np.random.default_rng(3)
+    sizes = [(40, 30), (80, 60), (30, 70), (32, 32), (33, 45), (75, 41), (20, 26), (64, 33)]  # (height, width)
+    for n, (height, width) in enumerate(sizes):
+        noise = rng.integers(0, 256, (height, width, 3))
+        image = Image.fromarray((0.75 * fixtures.PALETTE[n] + 0.25 * noise).astype(np.uint8))
+        (image.convert("L") if n % 3 == 2 else image).save(folder / f"{n}.{'png' if n % 2 else 'jpg'}", quality=90)
+    return sorted(folder.iterdir())
+
+
+def test_the_documented_snippet_takes_files_of_any_size_as_predict_does(
+    trained: Path, tiny_args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    files = image_files(tmp_path / "new_photos")
+    folder = [
+        "--data=project.data.ImageFolderDataModule",  # the checkpoint's data (fixtures.ColourImages) as files
+        f"--data.data_dir={tmp_path / 'new_photos'}",
+        "--data.image_size=32",
+        f"--data.classes={json.dumps(fixtures.LABEL_NAMES)}",
+        f"--data.mean={list(fixtures.ColourImages.mean)}",
+        f"--data.std={list(fixtures.ColourImages.std)}",
+    ]
+    main(["predict", "--ckpt_path=best", *folder, *[option for option in tiny_args if option.startswith("--trainer.")]])
+    with open(trained / "version_1" / "predictions.csv") as f:  # this predict's run, after the fit's version_0
+        predicted = {row["file"]: row["predicted_name"] for row in csv.DictReader(f)}
+    assert sorted(predicted) == [path.name for path in files] and len(set(predicted.values())) > 1
+    monkeypatch.chdir(tmp_path)
+    for fmt in ("onnx", "pt2"):
+        main(["export", "--ckpt_path=best", f"--logs={trained}", f"--format={fmt}", f"--out=model.{fmt}"])
+
+    snippet = next(code for code in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if "onnxruntime" in code)
+    capsys.readouterr()
+    exec(snippet, {})  # docs/export.md's onnxruntime snippet, as written: it reads model.onnx and new_photos/
+    assert dict(line.split() for line in capsys.readouterr().out.splitlines()) == predicted
+
+    program = torch.export.load("model.pt2").module()
+    for path in files:
+        image = torch.from_numpy(np.array(Image.open(path).convert("RGB"))).permute(2, 0, 1)[None]  # (1, 3, H, W)
+        with torch.no_grad():
+            assert fixtures.LABEL_NAMES[int(program(image).argmax())] == predicted[path.name], path.name
 
 
 def test_a_checkpoint_without_normalisation_or_onnx_is_one_line(

@@ -1,6 +1,7 @@
 """``python -m project export --ckpt_path=best --format=onnx|pt2 --out FILE``: a checkpoint as one graph taking uint8
-images ``(N, C, H, W)``, 0-255, at the trained size and returning the logits ``(N, classes)``. The scaling and the
-normalisation the data module did are inside it, so the graph runs without this project (docs/export.md)."""
+images ``(N, C, H, W)``, 0-255, of any size and returning the logits ``(N, classes)``. What predict does to a decoded
+file is inside it (shorter side resized, centre crop, scaling, normalisation), so the graph runs without this project
+(docs/export.md)."""
 
 from __future__ import annotations
 
@@ -19,20 +20,39 @@ from project.toolkit.errors import OneLineParser, ProjectError, exit_on_project_
 from project.toolkit.strategies.deepspeed import single_device_checkpoint
 
 STATE_KEYS = {"mean", "std", "label_names"}  # the data module's entry in a checkpoint (its state_dict)
-EXPORT_HELP = "A checkpoint as one graph: uint8 images (N, C, H, W), 0-255, at the trained size in; the logits out."
+EXPORT_HELP = "A checkpoint as one graph: uint8 images (N, C, H, W), 0-255, of any size in; the logits out."
 
 
 class Normalised(nn.Module):
-    """``model`` after the data module's evaluation transform: ``x / 255``, normalised by ``mean``/``std``, float32."""
+    """``model`` after what predict does to a decoded file: uint8 images of any size resized and centre-cropped to
+    ``size`` (``ImageFiles.decode``), then the data module's evaluation transform (``x / 255``, normalised)."""
 
-    def __init__(self, model: nn.Module, mean: list[float], std: list[float]) -> None:
+    def __init__(self, model: nn.Module, mean: list[float], std: list[float], size: int) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.size = model, size
         self.register_buffer("scale", torch.tensor([1 / (255 * s) for s in std]).view(1, -1, 1, 1))
         self.register_buffer("shift", torch.tensor([-m / s for m, s in zip(mean, std, strict=True)]).view(1, -1, 1, 1))
+        self.register_buffer("square", torch.arange(size), persistent=False)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.model(images.to(torch.float32) * self.scale + self.shift)
+        return self.model(self.cropped(images) * self.scale + self.shift)
+
+    def cropped(self, images: torch.Tensor) -> torch.Tensor:
+        """``center_crop(resize(images, size, antialias=True), [size, size])`` as torchvision does it to uint8 images
+        (values rounded back to 0-255 integers), with integer arithmetic on the sizes: no branch, any size."""
+        height, width = images.shape[-2:]
+        short = torch.sym_min(height, width)  # becomes size; the longer side int(size * long / short)
+        sides = (self.size * height // short, self.size * width // short)
+        resized = nn.functional.interpolate(images.float(), sides, mode="bilinear", antialias=True, align_corners=False)
+        resized = resized.round().clamp(0, 255)
+        top, left = (centre_offset(side - self.size) for side in sides)
+        # index_select, not a slice: export would pin a slice's strides (the resized size) to the example's
+        return resized.index_select(2, self.square + top).index_select(3, self.square + left)
+
+
+def centre_offset(excess: int) -> int:
+    """``round(excess / 2)`` as torchvision's centre crop takes it (half to even), in integer operations."""
+    return (excess + excess // 2 % 2) // 2
 
 
 def export(ckpt_path: str, fmt: str, out: Path, logs: Path, model: str = "") -> str:
@@ -55,9 +75,10 @@ def export(ckpt_path: str, fmt: str, out: Path, logs: Path, model: str = "") -> 
     class_path = checkpoint.get("hyper_parameters", {}).get("_class_path") or model
     module = import_object(class_path).load_from_checkpoint(path, map_location="cpu", weights_only=False)
     net = module.float().to(memory_format=torch.contiguous_format)  # channels_last weights: pt2's saver warns
-    graph = Normalised(net, state["mean"], state["std"]).eval()
+    graph = Normalised(net, state["mean"], state["std"], size).eval()
     example = torch.zeros(2, len(state["mean"]), size, size, dtype=torch.uint8)
-    program = torch.export.export(graph, (example,), dynamic_shapes={"images": {0: torch.export.Dim("batch")}})
+    dims = {0: torch.export.Dim("batch"), 2: torch.export.Dim("height"), 3: torch.export.Dim("width")}
+    program = torch.export.export(graph, (example,), dynamic_shapes={"images": dims})
     names = json.dumps(state["label_names"])
     if fmt == "pt2":
         torch.export.save(program, out, extra_files={"label_names.json": names})
@@ -65,8 +86,8 @@ def export(ckpt_path: str, fmt: str, out: Path, logs: Path, model: str = "") -> 
         onnx_program = torch.onnx.export(program, dynamo=True, output_names=["logits"], verbose=False)
         onnx_program.model.metadata_props["label_names"] = names
         onnx_program.save(out)
-    shape = f"(N, {len(state['mean'])}, {size}, {size})"
-    return f"exported {path} to {out} ({fmt}): uint8 images {shape}, 0-255 -> logits (N, {len(state['label_names'])})"
+    shape, classes = f"(N, {len(state['mean'])}, H, W)", len(state["label_names"])
+    return f"exported {path} to {out} ({fmt}): uint8 images {shape}, 0-255, cropped to {size} -> logits (N, {classes})"
 
 
 def main(argv: list[str] | None = None, model: str = "") -> None:
