@@ -99,6 +99,12 @@ CASES: list[Case] = [
     ("fit", "--data.val_size=100000", "data.val_size=100000 is not allowed: it must lie between 0 (no validation) and"),
     ("validate", "--data.val_size=0", "data.val_size=0 holds out no images, so there is nothing to validate"),
     ("fit", "--data.num_workers=-1", "data.num_workers=-1 is not allowed"),
+    ("fit", "--data.augmentation=flip", "data.augmentation=flip is not allowed; expected"),
+    (
+        "fit",
+        "--data.augmentation=torchvision.transforms.v2.functional.to_dtype",
+        "data.augmentation='to_dtype' must return a uint8 (C, H, W) image as it is given one; it returned torch.float32",
+    ),
     ("fit", "--model.lr=-0.1", "model.lr=-0.1 is not allowed: it must be a number > 0"),
     ("fit", "--model.momentum=1.5", "model.momentum=1.5 is not allowed: it must be a number in [0, 1)"),
     ("fit", "--model.label_smoothing=1", "model.label_smoothing=1.0 is not allowed"),

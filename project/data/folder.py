@@ -1,7 +1,7 @@
 """A folder of images as a data set: ``DIR/train/<class>/*.{jpg,jpeg,png}``, and optionally ``DIR/val/`` and
 ``DIR/test/`` with the same class folders. Files are decoded (Pillow) in the DataLoader workers when a batch needs them,
 never all held in memory: each is resized (shorter side) and centre-cropped to ``image_size``, then augmented as
-any data set is (random crop of the zero-padded image, horizontal flip).
+any data set is (``--data.augmentation``: by default a random crop of the zero-padded image, a horizontal flip).
 
 ``python -m project fit --data=project.data.ImageFolderDataModule --data.data_dir=DIR``
 """

@@ -1,16 +1,23 @@
-"""The CIFAR-style augmentation (random crop of the zero-padded image, horizontal flip) as pure functions of ``(seed,
-epoch, image index)``: the same whatever the worker, order or resume, batched on the device or per image in workers."""
+"""The training augmentation as pure functions of ``(seed, epoch, image index)``: the same whatever the worker, order
+or resume, batched on the device or per image in workers. ``crop_flip`` (the default) is CIFAR's random crop of the
+zero-padded image and horizontal flip; ``none`` leaves the images as they are; a user's transform is run on each image
+with torch's generator seeded by the image's key."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Literal, Union
 
 import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as F
 
+from project.toolkit.errors import DataError
+
 PADDING = 4  # px of zeros around the image before cropping: offsets 0..8 on each axis
+CROP_FLIP, NO_AUGMENTATION = "crop_flip", "none"
+Augmentation = Union[Literal["crop_flip", "none"], Callable]  # noqa: UP007  (jsonargparse reads the Union)
 
 
 @functools.lru_cache(maxsize=2)
@@ -66,8 +73,54 @@ def _normalisation(
     return tuple(t.expand(shape).contiguous().to(device) for t in (scale, shift))  # type: ignore[return-value]
 
 
+def image_seeds(seed: int, epoch: int, indices: Sequence[int]) -> list[int]:
+    """The seed of each training image of ``indices`` in ``epoch`` of a run seeded ``seed`` (a user's transform)."""
+    return [hash((seed, epoch, int(index))) for index in indices]
+
+
+def transform_each(transform: Callable, images: torch.Tensor, seeds: Sequence[int], image_size: int) -> torch.Tensor:
+    """Each uint8 ``(C, H, W)`` image of ``images`` through ``transform``, torch's CPU generator seeded by its seed
+    (the caller's generator left as it was); results of different sizes are resized to ``image_size``."""
+    with torch.random.fork_rng(devices=[]):
+        results = []
+        for image, seed in zip(images, seeds, strict=True):
+            torch.random.default_generator.manual_seed(seed)
+            results.append(transform(image))
+    if len({result.shape for result in results}) > 1:
+        results = [F.resize(result, [image_size, image_size], antialias=True) for result in results]
+    return torch.stack(results)
+
+
+def check_transform(transform: Augmentation, image: torch.Tensor) -> None:
+    """Refuse, in one line, an augmentation that is not ``crop_flip``, ``none`` or a transform that turns the uint8
+    ``(C, H, W)`` ``image`` into a uint8 image of as many channels."""
+    if isinstance(transform, str) and transform in (CROP_FLIP, NO_AUGMENTATION):
+        return
+    said = f"data.augmentation={getattr(transform, '__qualname__', transform)!r}"
+    if not callable(transform):
+        raise DataError(f"{said} is not allowed: use crop_flip, none, or a transform (a callable's import path)")
+    try:
+        result = transform(image)
+    except Exception as err:  # the user's code: say which option failed, on what
+        raise DataError(f"{said} failed on a uint8 {tuple(image.shape)} image: {type(err).__name__}: {err}") from None
+    if not (isinstance(result, torch.Tensor) and result.dtype == torch.uint8 and result.shape[:-2] == image.shape[:-2]):
+        found = f"{getattr(result, 'dtype', type(result).__name__)} {tuple(getattr(result, 'shape', ()))}"
+        raise DataError(f"{said} must return a uint8 (C, H, W) image as it is given one; it returned {found}")
+
+
 def augment(
-    images: torch.Tensor, params: torch.Tensor, image_size: int, mean: Sequence[float], std: Sequence[float]
+    images: torch.Tensor,
+    params: torch.Tensor,
+    image_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    augmentation: Augmentation = CROP_FLIP,
+    seeds: Sequence[int] = (),
 ) -> torch.Tensor:
-    """:func:`crop_and_flip` at the native size (cheaper than after the upscale), then :func:`to_model_input`."""
-    return to_model_input(crop_and_flip(images, params), image_size, mean, std)
+    """``images`` augmented at their native size (cheaper than after the upscale), then :func:`to_model_input`:
+    :func:`crop_and_flip` by ``params``, none, or a user's transform seeded per image by ``seeds``."""
+    if not isinstance(augmentation, str):
+        images = transform_each(augmentation, images, seeds, image_size)
+    elif augmentation == CROP_FLIP:
+        images = crop_and_flip(images, params)
+    return to_model_input(images, image_size, mean, std)

@@ -18,9 +18,17 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 
-from project.toolkit.data.augmentation import augment, rows_of, to_model_input
+from project.toolkit.data.augmentation import (
+    CROP_FLIP,
+    Augmentation,
+    augment,
+    check_transform,
+    image_seeds,
+    rows_of,
+    to_model_input,
+)
 from project.toolkit.data.datasets import AugmentedImages, ImageArrayDataset, IndexBatches
-from project.toolkit.data.declarations import check_declarations
+from project.toolkit.data.declarations import check_declarations, checked_split
 from project.toolkit.data.input_path import AUTO, InputPath, choose_input_path, machine_of
 from project.toolkit.data.samplers import EvenBatchSampler, KeyBatches, SliceBatches, TrainingSampler
 from project.toolkit.data.statistics import ChannelStats, measure_channel_stats
@@ -55,6 +63,10 @@ class ImageArrayDataModule(LightningDataModule):
         synthetic_size: Training-set size of the synthetic data (its test set is a fifth of it).
         split_seed: Seed of the validation split and the synthetic data, apart from the training seed.
         on_device: Keep the images on the training device, augmented there in batches; ``auto``: if they fit.
+        augmentation: The training images' augmentation: ``crop_flip`` (a random crop of the image padded by 4 px,
+            and a horizontal flip), ``none``, or a transform of a uint8 ``(C, H, W)`` image to a uint8 image (an
+            import path, or ``class_path``/``init_args`` such as ``torchvision.transforms.v2.RandAugment``), run on
+            each image at its stored size with torch's generator seeded by ``(seed, epoch, image)``.
     """
 
     num_classes: int  # the CLI links it to model.num_classes
@@ -80,6 +92,7 @@ class ImageArrayDataModule(LightningDataModule):
         synthetic_size: int = 50_000,
         split_seed: int = 0,
         on_device: bool | Literal["auto"] = AUTO,
+        augmentation: Augmentation = CROP_FLIP,
     ) -> None:
         super().__init__()
         self.channel_stats: ChannelStats | None = check_declarations(self)  # None: measured in setup
@@ -101,7 +114,7 @@ class ImageArrayDataModule(LightningDataModule):
             log.warning("data.num_workers=%d is ignored: data.on_device=true needs no workers", num_workers)
         self.save_hyperparameters()
         self.hparams["image_size"] = image_size  # resolved: what the run trains at, as checkpoints record it
-        self.data_dir = Path(data_dir)
+        self.data_dir, self.augmentation = Path(data_dir), augmentation  # hparams hold it as the options gave it
         self.label_names: list[str] = [str(i) for i in range(self.num_classes)]
         self._datasets: dict[str, ImageArrayDataset] = {}
         self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # on_device: images, labels per split
@@ -154,9 +167,11 @@ class ImageArrayDataModule(LightningDataModule):
             train, val = self._split(len(images)) if own_val is None else (np.arange(len(images)), None)
             self._fit_default_batch(len(train))
             mean, std = self._normalisation_stats(images, train)
-            self._datasets["train"] = AugmentedImages(_take(images, train), labels[train], size, mean, std)
+            check_transform(self.augmentation, torch.from_numpy(np.asarray(images[train[0]])).permute(2, 0, 1))
+            train_set = AugmentedImages(_take(images, train), labels[train], size, mean, std, self.augmentation)
+            self._datasets["train"] = train_set
             if own_val is not None:
-                images, labels = self._checked(*own_val, where=f"{type(self).__name__}.load_val_split()")
+                images, labels = checked_split(self, *own_val, where=f"{type(self).__name__}.load_val_split()")
                 val = np.arange(len(images))
             self._datasets["val"] = ImageArrayDataset(_take(images, val), labels[val], self._evaluation_transform())
         if stage in ("test", "predict") and "test" not in self._datasets:
@@ -271,29 +286,9 @@ class ImageArrayDataModule(LightningDataModule):
             return images, rng.integers(0, self.num_classes, count)
         where = f"{type(self).__name__}.load_split(train={train})"
         try:
-            return self._checked(*self.load_split(train), where=where)
+            return checked_split(self, *self.load_split(train), where=where)
         except (OSError, ValueError, KeyError, EOFError) as err:  # reading the user's files: say which, and where
             raise DataError(f"{where} failed with data.data_dir={self.data_dir}: {type(err).__name__}: {err}") from None
-
-    def _checked(self, images: Any, labels: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
-        """The arrays a data set gave, refused (naming it) unless uint8 ``(N, *image_shape)`` (grey ones may come
-        ``(N, H, W)``) with integer labels in range: the metrics do not check labels every batch."""
-        if isinstance(images, np.ndarray) and images.ndim == 3 and self.image_shape[2] == 1:
-            images = images[..., None]  # a view: grey images with their one channel made explicit
-        if not (getattr(images, "dtype", None) == np.uint8 and tuple(images.shape[1:]) == tuple(self.image_shape)):
-            shape = ", ".join(map(str, self.image_shape))
-            found = f"{getattr(images, 'dtype', type(images).__name__)} of shape {getattr(images, 'shape', None)}"
-            raise DataError(f"{where}: images must be uint8 of shape (N, {shape}); found {found}")
-        labels = np.asarray(labels)
-        if labels.shape != (len(images),) or labels.dtype.kind not in "iu":
-            raise DataError(
-                f"{where}: {len(images)} images need as many integer labels; found {labels.dtype} {labels.shape}"
-            )
-        if len(labels) and (labels.min() < 0 or labels.max() >= self.num_classes):
-            raise DataError(
-                f"{where}: labels must lie in 0..{self.num_classes - 1}; found {labels.min()}..{labels.max()}"
-            )
-        return images, labels.astype(np.int64, copy=False)
 
     @property
     def predict_names(self) -> list[str] | None:
@@ -326,8 +321,7 @@ class ImageArrayDataModule(LightningDataModule):
 
     def _training_sampler(self, dataset: Dataset, world: int, rank: int) -> TrainingSampler:
         """Ours even on one process: its order depends only on (seed, epoch), so shards are disjoint and resumable."""
-        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-        return TrainingSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank, seed=seed)
+        return TrainingSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank, seed=_run_seed())
 
     def training_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This process's augmented training batches of ``epoch`` as ``(images, labels)``, from a loader of their own
@@ -340,10 +334,18 @@ class ImageArrayDataModule(LightningDataModule):
         sampler = self._training_sampler(self._datasets["train"], *self._replica())
         sampler.set_epoch(epoch)
         images, labels = self._on_device["train"]
-        size, (mean, std) = self.hparams.image_size, self.channel_stats
         for keys in KeyBatches(sampler, images.device):
-            index = keys[:, 0]
-            yield augment(rows_of(images, index), keys[:, 1:], size, mean, std), labels.index_select(0, index)
+            yield self._augmented(images, keys, epoch), labels.index_select(0, keys[:, 0])
+
+    def _augmented(self, images: torch.Tensor, keys: torch.Tensor, epoch: int | None = None) -> torch.Tensor:
+        """on_device: the images of ``keys``' rows ``[index, dy, dx, flip]`` augmented as in ``epoch`` (None: the
+        trainer's)."""
+        index, augmentation, seeds = keys[:, 0], self.augmentation, []
+        if not isinstance(augmentation, str):  # a user's transform is seeded per image: it reads the indices
+            epoch = self.trainer.current_epoch if epoch is None else epoch
+            seeds = image_seeds(_run_seed(), epoch, index.tolist())
+        size, (mean, std) = self.hparams.image_size, self.channel_stats
+        return augment(rows_of(images, index), keys[:, 1:], size, mean, std, augmentation, seeds)
 
     @property
     def num_workers(self) -> int:
@@ -366,15 +368,19 @@ class ImageArrayDataModule(LightningDataModule):
         """on_device: a batch of indices made ``(images, labels)`` on the device, converted for the run's precision."""
         if not self.on_device:
             return batch
-        size, (mean, std) = self.hparams.image_size, self.channel_stats
         if self.trainer.training:
             images, labels = self._on_device["train"]
-            index = batch[:, 0]
-            batch = augment(rows_of(images, index), batch[:, 1:], size, mean, std), labels.index_select(0, index)
+            batch = self._augmented(images, batch), labels.index_select(0, batch[:, 0])
         else:
             images, labels = self._on_device["test" if self.trainer.testing or self.trainer.predicting else "val"]
+            size, (mean, std) = self.hparams.image_size, self.channel_stats
             batch = to_model_input(rows_of(images, batch), size, mean, std), labels[batch]
         return self.trainer.precision_plugin.convert_input(batch)
+
+
+def _run_seed() -> int:
+    """The run's base seed (``--seed_everything``; 0 unseeded): the training order's and augmentation's."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 def _take(images: Any, indices: np.ndarray) -> Any:

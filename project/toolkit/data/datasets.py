@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from project.toolkit.data.augmentation import augment, draw_crops_and_flips
+from project.toolkit.data.augmentation import CROP_FLIP, Augmentation, augment, draw_crops_and_flips, image_seeds
 from project.toolkit.data.samplers import EpochIndex
 
 
@@ -37,19 +37,27 @@ def crop_and_flip_of(key: EpochIndex, count: int) -> np.ndarray:
 
 
 class AugmentedImages(ImageArrayDataset):
-    """The training images, item ``key`` (an :class:`EpochIndex`) augmented as ``draw_crops_and_flips`` says for
-    its epoch and seed: the same tensor in any worker or order, and as ``on_device`` makes it."""
+    """The training images, item ``key`` (an :class:`EpochIndex`) augmented as its epoch and seed say (for
+    ``crop_flip``: ``draw_crops_and_flips``): the same tensor in any worker or order, and as ``on_device`` makes it."""
 
     def __init__(
-        self, images: np.ndarray, labels: np.ndarray, image_size: int, mean: Sequence[float], std: Sequence[float]
+        self,
+        images: np.ndarray,
+        labels: np.ndarray,
+        image_size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        augmentation: Augmentation = CROP_FLIP,
     ) -> None:
         super().__init__(images, labels)
-        self.image_size, self.mean, self.std = image_size, mean, std
+        self.image_size, self.mean, self.std, self.augmentation = image_size, mean, std, augmentation
 
     def __getitem__(self, key: EpochIndex) -> tuple[torch.Tensor, int]:
         params = torch.tensor(crop_and_flip_of(key, len(self)))[None]
         image = torch.from_numpy(self.images[key : key + 1]).permute(0, 3, 1, 2)
-        return augment(image, params, self.image_size, self.mean, self.std)[0], int(self.labels[key])
+        seeds = image_seeds(key.seed, key.epoch, [key])
+        image = augment(image, params, self.image_size, self.mean, self.std, self.augmentation, seeds)
+        return image[0], int(self.labels[key])
 
 
 class IndexBatches(Dataset):

@@ -1,9 +1,12 @@
 """The checks of what a data set class declares (``num_classes``, ``image_shape``, optionally ``mean`` and
-``std``), once when it is built: a mistake is one line naming the class and the attribute."""
+``std``), once when it is built, and of the arrays it gives: a mistake is one line naming the class and what."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 
 from project.toolkit.data.statistics import ChannelStats
 from project.toolkit.errors import DataError
@@ -50,3 +53,22 @@ def declared_channel_stats(
             )
         stats.append(numbers)
     return ChannelStats(*stats)
+
+
+def checked_split(data: Any, images: Any, labels: Any, where: str) -> tuple[Any, np.ndarray]:
+    """The arrays ``data`` (a data set) gave, refused (naming ``where``) unless uint8 ``(N, *image_shape)`` (grey
+    ones may come ``(N, H, W)``) with integer labels in range: the metrics do not check labels every batch."""
+    image_shape, num_classes = tuple(data.image_shape), data.num_classes
+    if isinstance(images, np.ndarray) and images.ndim == 3 and image_shape[2] == 1:
+        images = images[..., None]  # a view: grey images with their one channel made explicit
+    if not (getattr(images, "dtype", None) == np.uint8 and tuple(images.shape[1:]) == image_shape):
+        shape = ", ".join(map(str, image_shape))
+        found = f"{getattr(images, 'dtype', type(images).__name__)} of shape {getattr(images, 'shape', None)}"
+        raise DataError(f"{where}: images must be uint8 of shape (N, {shape}); found {found}")
+    labels = np.asarray(labels)
+    if labels.shape != (len(images),) or labels.dtype.kind not in "iu":
+        found = f"{labels.dtype} {labels.shape}"
+        raise DataError(f"{where}: {len(images)} images need as many integer labels; found {found}")
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise DataError(f"{where}: labels must lie in 0..{num_classes - 1}; found {labels.min()}..{labels.max()}")
+    return images, labels.astype(np.int64, copy=False)
