@@ -11,22 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from project.toolkit.bench.chart import chart_figure, write_chart, write_chart_if_possible
-from project.toolkit.bench.config import SINGLE, BenchConfig, Cell, expand, load_config
-from project.toolkit.bench.matrix import (
-    MARKER,
-    cell_args,
-    collect,
-    ending_sessions_on_sigterm,
-    run_cell,
-    run_folder,
-    run_matrix,
-)
-from project.toolkit.bench.report import environment_section, speedups, write_csv, write_markdown
+from project.toolkit.bench.config import BenchConfig, Cell, expand, load_config
+from project.toolkit.bench.matrix import cell_args, collect, ending_sessions_on_sigterm, run_folder, run_matrix
+from project.toolkit.bench.report import speedups, write_csv, write_markdown
 from project.toolkit.errors import OneLineParser, ProjectError, exit_on_project_error
 
-__all__ = ["MARKER", "SINGLE", "BenchConfig", "Cell", "bench", "cell_args", "chart_figure", "collect"]
-__all__ += ["environment_section", "expand", "load_config", "main", "parse_args", "run_cell", "run_folder"]
-__all__ += ["run_matrix", "speedups", "write_chart", "write_csv", "write_markdown"]
+__all__ = ["BenchConfig", "Cell", "bench", "cell_args", "chart_figure", "collect", "expand", "load_config", "main"]
+__all__ += ["parse_args", "run_folder", "run_matrix", "speedups", "write_chart", "write_csv", "write_markdown"]
 
 PRESETS = Path(__file__).resolve().parents[3] / "configs" / "bench"
 

@@ -27,19 +27,15 @@ from project.toolkit.plan.predict import (
     Prediction,
     plan,
     predict_ddp,
-    predict_dp,
     predict_fsdp,
     predict_pipeline,
-    predict_single,
     scaling_efficiency,
     share_seconds,
-    stage_seconds,
 )
 
 __all__ = ["Link", "Measured", "Prediction", "Replayed", "Target", "core_slowdown", "link_from", "main", "plan"]
-__all__ += ["predict_ddp", "predict_dp", "predict_fsdp", "predict_pipeline", "predict_single", "read_run"]
-__all__ += ["replay_here", "scaling_efficiency", "share_seconds", "sharing_here", "stage_seconds", "stand_in_work"]
-__all__ += ["threads_per_process"]
+__all__ += ["predict_ddp", "predict_fsdp", "predict_pipeline", "read_run", "replay_here", "scaling_efficiency"]
+__all__ += ["share_seconds", "sharing_here", "stand_in_work", "threads_per_process"]
 
 PLAN_HELP = "Predict step time, throughput, scaling and memory per device of each strategy on N devices from one run."
 HEADER = ["strategy", "devices", "step s", "data / compute / comm / optim / bubble / rest s", "samples/s", "scaling"]
