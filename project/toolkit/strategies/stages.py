@@ -7,10 +7,9 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from project.toolkit.errors import ProjectError
-from project.toolkit.measure.flops import meta_copy
+from project.toolkit.measure.flops import forward_flops_by_module
 from project.toolkit.plan.balance import balanced_starts
 from project.toolkit.strategies.blocks import Block
 
@@ -18,18 +17,12 @@ Prepare = Callable[[torch.Tensor], torch.Tensor]  # what puts a stage's input in
 
 
 def block_costs(blocks: list[Block], image_size: int | None, in_channels: int = 3) -> list[float]:
-    """Each block's forward FLOPs for one image, counted on ``meta`` copies; without an image size, its parameters."""
+    """Each block's forward FLOPs for one image, counted on a ``meta`` copy; without an image size, its parameters."""
     if not image_size:
         return [float(b.parameter_count) or 1.0 for b in blocks]
-    meta_blocks = meta_copy(nn.ModuleList(b.module for b in blocks))
-    x = torch.empty(1, in_channels, image_size, image_size, device="meta")
-    costs = []
-    with torch.no_grad():
-        for block in meta_blocks:
-            with FlopCounterMode(display=False) as counter:
-                x = block.eval()(x)  # one image: BatchNorm in training mode would refuse a 1x1 map
-            costs.append(float(counter.get_total_flops()) or 1.0)  # a block of no FLOPs (a ReLU) still counts
-    return costs
+    chain = nn.Sequential(*(b.module for b in blocks))
+    flops = forward_flops_by_module(chain, image_size, channels_last=False, in_channels=in_channels)
+    return [float(flops.get(str(i), 0)) or 1.0 for i in range(len(blocks))]  # a block of no FLOPs (a ReLU) counts
 
 
 def named_starts(blocks: list[Block], split: str, num_stages: int) -> list[int]:
