@@ -16,6 +16,7 @@ from project.toolkit.errors import ProjectError
 SINGLE = "single"  # the baseline: Lightning's default strategy on one device
 NAME = re.compile(r"[A-Za-z0-9_.-]+")  # what a variant may be called: it becomes part of a folder name
 PIPELINE_CELL = re.compile(r"pipeline-mb([1-9][0-9]*)")  # the pipeline with that many micro-batches
+LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches")  # the Trainer's, as a preset sets them
 
 
 def strategy_options(strategy: str) -> list[str]:
@@ -84,9 +85,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "accelerator": (lambda v: isinstance(v, str), "an accelerator name (cpu, gpu, auto, ...)"),
     "epochs": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
     "image_size": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
-    "limit_train_batches": (_is_limit, "null, a number of batches >= 2, or a fraction in (0, 1)"),
-    "limit_val_batches": (_is_limit, "null, a number of batches >= 2, or a fraction in (0, 1)"),
-    "limit_test_batches": (_is_limit, "null, a number of batches >= 2, or a fraction in (0, 1)"),
+    **dict.fromkeys(LIMITS, (_is_limit, "null, a number of batches >= 2, or a fraction in (0, 1)")),
     "args": (_is_options, "a list of command-line options"),
     "timeout_minutes": (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0, "a number > 0"),
     "variants": (

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from project.toolkit.bench.config import BenchConfig, Cell, strategy_options
+from project.toolkit.bench.config import LIMITS, BenchConfig, Cell, strategy_options
 
 MARKER = "bench-cell.json"  # a cell's outcome, in its run folder
 
@@ -32,7 +32,7 @@ def cell_args(config: BenchConfig, cell: Cell, runs: Path) -> list[str]:
     args += ["--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={runs / cell.name}"]
     args += ["--trainer.logger.class_path=lightning.pytorch.loggers.TensorBoardLogger"]
     args += [f"--trainer.logger.init_args.save_dir={runs / cell.name}", "--trainer.logger.init_args.version=0"]
-    for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
+    for key in LIMITS:
         if getattr(config, key) is not None:
             args.append(f"--trainer.{key}={getattr(config, key)}")
     return args + config.args + config.variant_args(cell.variant)
