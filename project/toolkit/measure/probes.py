@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from project.toolkit.log import get_logger
@@ -50,10 +51,6 @@ class DDPProbe:
 
 def _fsdp_gathers(window: AnatomyWindow, net: nn.Module) -> None:
     """Each FSDP2 unit's pre-forward all-gather as communication: hooks before and after FSDP's own."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        return
     units = [module for module in net.modules() if isinstance(module, FSDPModule)]
     if not units:
         return
