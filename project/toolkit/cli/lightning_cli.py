@@ -158,23 +158,15 @@ class ProjectCLI(LightningCLI):
     def _before_run(self) -> None:
         """Note the run folder this command is about to create, and check the port its processes will use."""
         trainer = self.trainer
-        log_dir = Path(trainer.log_dir) if trainer.log_dir else None
-        self.context.created = _first_missing(log_dir) if log_dir is not None else None
+        log_dir = trainer.log_dir
+        folders = (Path(log_dir), *Path(log_dir).parents) if log_dir else ()
+        missing = [folder for folder in folders if not folder.exists()]
+        self.context.created = missing[-1] if missing else None  # the outermost of them
         starts_the_others = hasattr(trainer.strategy.launcher, "procs") and "LOCAL_RANK" not in os.environ
         if trainer.world_size > 1 and trainer.num_nodes == 1 and starts_the_others:
             checks.check_master_port()
 
     before_fit = before_validate = before_test = before_predict = _before_run
-
-
-def _first_missing(path: Path) -> Path | None:
-    """The outermost folder on the way to ``path`` that does not exist yet (None if ``path`` exists)."""
-    missing = None
-    for folder in (path, *path.parents):
-        if folder.exists():
-            break
-        missing = folder
-    return missing
 
 
 def _remove_unused_folder(context: RunContext) -> None:
