@@ -124,8 +124,8 @@ def test_describe_replay() -> None:
 
 
 def test_balanced_starts_and_sharing_factor() -> None:
-    from project.toolkit.plan.balance import balanced_starts
     from project.toolkit.plan.cores import sharing_factor
+    from project.toolkit.plan.formulas import balanced_starts
 
     assert balanced_starts([1, 1, 1, 1], 2) == [2]
     assert balanced_starts([3, 1, 1, 1], 2) == [1]

@@ -1,11 +1,12 @@
-"""The plan's formulas: collectives over a ring, DDP's buckets, GPipe's schedule, a unit's time at a batch size."""
+"""The plan's formulas, in plain Python (no torch): collectives over a ring, DDP's buckets, stages of balanced cost,
+GPipe's schedule, a unit's time at a batch size."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
-from project.toolkit.plan.balance import balanced_starts
 from project.toolkit.plan.inputs import Link
 
 MIB = 2**20
@@ -52,6 +53,26 @@ def ddp_exposed_seconds(buckets: list[float], backward: float, world: int, link:
         start = max(backward * ready / total, finish)
         finish = start + ring_all_reduce_seconds(size, world, link)
     return max(0.0, finish - backward)
+
+
+def balanced_starts(costs: list[float], num_stages: int) -> list[int]:
+    """The first block of each stage after the first, minimising the largest stage's total cost."""
+    n, prefix = len(costs), list(itertools.accumulate(costs, initial=0.0))
+    # best[s][i]: the smallest largest-stage cost of the first i blocks in s stages; cut[s][i]: its last start
+    best = [[float("inf")] * (n + 1) for _ in range(num_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(num_stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, num_stages + 1):
+        for i in range(s, n + 1):
+            for j in range(s - 1, i):
+                value = max(best[s - 1][j], prefix[i] - prefix[j])
+                if value < best[s][i]:
+                    best[s][i], cut[s][i] = value, j
+    starts, i = [], n
+    for s in range(num_stages, 1, -1):
+        i = cut[s][i]
+        starts.append(i)
+    return starts[::-1]
 
 
 def balanced_stages(costs: list[float], stages: int) -> list[list[int]]:

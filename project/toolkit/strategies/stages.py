@@ -10,7 +10,7 @@ from torch import nn
 
 from project.toolkit.errors import ProjectError
 from project.toolkit.measure.flops import forward_flops_by_module
-from project.toolkit.plan.balance import balanced_starts
+from project.toolkit.plan.formulas import balanced_starts
 from project.toolkit.strategies.blocks import Block
 
 Prepare = Callable[[torch.Tensor], torch.Tensor]  # what puts a stage's input in the network's form
