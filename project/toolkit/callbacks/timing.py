@@ -27,7 +27,7 @@ from project.toolkit.data.datamodule import data_settings
 from project.toolkit.data.input_path import data_wait_advice, machine_of
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
-from project.toolkit.measure import anatomy, bandwidth, devices, flops, probes, summary
+from project.toolkit.measure import anatomy, devices, flops, probes, summary
 from project.toolkit.measure.devices import CudaEventClock, DeviceClock, HostClock, device_clock, peak_memory_mb
 from project.toolkit.measure.environment import run_environment
 from project.toolkit.measure.summary import InferenceRecorder, TrainRecorder, clean
@@ -286,10 +286,10 @@ class TimingCallback(Callback):
         work = {f"{kind}_tflops_per_second": clean(achieved, 9), "peak_tflops": peak, "mfu": clean(mfu, 9)}
         batch = data_settings(trainer).get("batch_size")
         if kind == "train" and self._network is not None and samples_per_second and batch:
-            moved = bandwidth.training_traffic(
+            moved = flops.training_traffic(
                 self._network, str(trainer.precision), samples_per_second, samples_per_second / batch, all_devices
             )
-            peak_tbps = bandwidth.device_peak_tbps(self._device)
+            peak_tbps = flops.device_peak_tbps(self._device)
             work["bandwidth_tb_per_second"] = clean(moved / 1e12, 9)
             work["peak_bandwidth_tb_per_second"] = peak_tbps
             work["bandwidth_fraction"] = clean(moved / 1e12 / (peak_tbps * all_devices), 6) if peak_tbps else None
