@@ -17,7 +17,7 @@ from project.model import ImageClassifier
 from project.nets import network_blocks
 from project.toolkit.errors import ProjectError
 from project.toolkit.strategies.blocks import as_blocks, check_covers, module_blocks
-from project.toolkit.strategies.view import module_view
+from project.toolkit.strategies.contract import module_view
 from tests.user_nets import DeclaredNet, TwoPartNet, sequential_convnet
 
 

@@ -18,7 +18,7 @@ from project.toolkit.data.statistics import measure_channel_stats
 from project.toolkit.errors import ProjectError
 from project.toolkit.strategies import register_strategies
 from project.toolkit.strategies.blocks import Block, as_blocks, check_covers, default_blocks, short_count
-from project.toolkit.strategies.contract import check_module
+from project.toolkit.strategies.contract import check_module, module_view
 from project.toolkit.strategies.deepspeed import (
     check_deepspeed_choice,
     consolidated_path,
@@ -29,7 +29,6 @@ from project.toolkit.strategies.deepspeed import (
 from project.toolkit.strategies.dp import NetWithLoss, check_batch_splits_evenly, data_parallel
 from project.toolkit.strategies.fsdp import describe_units
 from project.toolkit.strategies.stages import named_starts
-from project.toolkit.strategies.view import module_view
 
 
 def test_draw_crops_and_flips_is_one_cached_table() -> None:

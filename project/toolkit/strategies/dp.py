@@ -17,8 +17,7 @@ from torch import nn
 
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
-from project.toolkit.strategies.contract import check_module
-from project.toolkit.strategies.view import StepsThroughView, module_view
+from project.toolkit.strategies.contract import StepsThroughView, check_module, module_view
 
 log = get_logger(__name__)
 

@@ -21,9 +21,8 @@ from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
 from project.toolkit.measure.bubble import BubbleMeter
 from project.toolkit.strategies.blocks import Block, check_covers, module_blocks, short_count
-from project.toolkit.strategies.contract import check_module
+from project.toolkit.strategies.contract import StepsThroughView, check_module, module_view
 from project.toolkit.strategies.stages import block_costs, build_stage, plan_split, release_other_stages
-from project.toolkit.strategies.view import StepsThroughView, module_view
 
 log = get_logger(__name__)
 
