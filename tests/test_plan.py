@@ -271,7 +271,7 @@ def test_pipeline_takes_the_time_its_blocks_were_measured_to_take() -> None:
 
 @pytest.mark.slow
 def test_processes_computing_at_once_are_measured_against_one_alone() -> None:
-    from project.toolkit.plan.here import measure_core_sharing
+    from project.toolkit.plan.cores import measure_core_sharing
 
     measured = measure_core_sharing(processes=2, threads=1)
     assert measured["factor"] >= 1.0 and measured["alone_seconds"] > 0

@@ -124,8 +124,8 @@ def test_describe_replay() -> None:
 
 
 def test_balanced_starts_and_sharing_factor() -> None:
+    from project.toolkit.plan.cores import sharing_factor
     from project.toolkit.plan.formulas import balanced_starts
-    from project.toolkit.plan.here import sharing_factor
 
     assert balanced_starts([1, 1, 1, 1], 2) == [2]
     assert balanced_starts([3, 1, 1, 1], 2) == [1]
@@ -190,7 +190,7 @@ def test_what_the_plan_measures_here() -> None:
 
 
 def test_fit_ring_and_network_profile() -> None:
-    from project.toolkit.plan.here import fit_ring
+    from project.toolkit.plan.link import fit_ring
     from project.toolkit.plan.network import network_profile
 
     latency, bandwidth = fit_ring({1000: 2e-4 + 1000 / 1e9, 10**6: 2e-4 + 10**6 / 1e9, 10**7: 2e-4 + 0.01}, 2)

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from project.toolkit.plan.here import free_port
+from project.toolkit.plan.link import free_port
 
 STEPS = 12  # timed steps of each kind, after 2 untimed ones
 SCRATCH_CAP_BYTES = 64 * 2**20  # the one scratch tensor per process that the units share: never more than this
