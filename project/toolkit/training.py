@@ -69,15 +69,16 @@ def lr_for_batch(lr: float, default_lr: float, trainer: Any) -> float:
     if not lowered_from or lr != default_lr:
         return lr
     batch = data.hparams.batch_size
+    scaled = lr * batch / lowered_from
     log.warning(
         "model.lr=%g (the default, for data.batch_size=%d) is scaled to %.3g for the lowered batch of %d; "
         "--model.lr=X sets another",
         lr,
         lowered_from,
-        lr * batch / lowered_from,
+        scaled,
         batch,
     )
-    return lr * batch / lowered_from
+    return scaled
 
 
 def fusable(parameters: Iterable[Any]) -> bool:

@@ -91,14 +91,19 @@ def transform_each(transform: Callable, images: torch.Tensor, seeds: Sequence[in
     return torch.stack(results)
 
 
-def check_transform(transform: Augmentation, image: torch.Tensor) -> None:
-    """Refuse, in one line, an augmentation that is not ``crop_flip``, ``none`` or a transform that turns the uint8
-    ``(C, H, W)`` ``image`` into a uint8 image of as many channels."""
-    if isinstance(transform, str) and transform in (CROP_FLIP, NO_AUGMENTATION):
-        return
+def check_augmentation(augmentation: Augmentation) -> None:
+    """Refuse, in one line, an augmentation that is neither ``crop_flip``, ``none`` nor a callable."""
+    if not (callable(augmentation) or isinstance(augmentation, str) and augmentation in (CROP_FLIP, NO_AUGMENTATION)):
+        raise DataError(
+            f"data.augmentation={augmentation!r} is not allowed: use crop_flip, none, or a transform (a callable's "
+            "import path)"
+        )
+
+
+def check_transform(transform: Callable, image: torch.Tensor) -> None:
+    """Refuse, in one line, a transform that does not turn the uint8 ``(C, H, W)`` ``image`` into a uint8 image of as
+    many channels."""
     said = f"data.augmentation={getattr(transform, '__qualname__', transform)!r}"
-    if not callable(transform):
-        raise DataError(f"{said} is not allowed: use crop_flip, none, or a transform (a callable's import path)")
     try:
         result = transform(image)
     except Exception as err:  # the user's code: say which option failed, on what

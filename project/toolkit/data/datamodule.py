@@ -22,6 +22,7 @@ from project.toolkit.data.augmentation import (
     CROP_FLIP,
     Augmentation,
     augment,
+    check_augmentation,
     check_transform,
     image_seeds,
     rows_of,
@@ -108,6 +109,7 @@ class ImageArrayDataModule(LightningDataModule):
             raise DataError(f"data.val_size={val_size} is not allowed: use a count (0: none) or a fraction below 1")
         if num_workers != AUTO and not (isinstance(num_workers, int) and num_workers >= 0):
             raise DataError(f"data.num_workers={num_workers} is not allowed: use an integer >= 0, or auto")
+        check_augmentation(augmentation)
         if on_device not in (True, False, AUTO):
             raise DataError(f"data.on_device={on_device} is not allowed: use true, false or auto")
         if on_device is True and num_workers != AUTO and num_workers > 0:
@@ -167,7 +169,8 @@ class ImageArrayDataModule(LightningDataModule):
             train, val = self._split(len(images)) if own_val is None else (np.arange(len(images)), None)
             self._fit_default_batch(len(train))
             mean, std = self._normalisation_stats(images, train)
-            check_transform(self.augmentation, torch.from_numpy(np.asarray(images[train[0]])).permute(2, 0, 1))
+            if callable(self.augmentation):  # a user's transform: tried on one image before the first step
+                check_transform(self.augmentation, torch.from_numpy(np.asarray(images[train[0]])).permute(2, 0, 1))
             train_set = AugmentedImages(_take(images, train), labels[train], size, mean, std, self.augmentation)
             self._datasets["train"] = train_set
             if own_val is not None:
@@ -338,8 +341,7 @@ class ImageArrayDataModule(LightningDataModule):
             yield self._augmented(images, keys, epoch), labels.index_select(0, keys[:, 0])
 
     def _augmented(self, images: torch.Tensor, keys: torch.Tensor, epoch: int | None = None) -> torch.Tensor:
-        """on_device: the images of ``keys``' rows ``[index, dy, dx, flip]`` augmented as in ``epoch`` (None: the
-        trainer's)."""
+        """on_device: the images of ``keys``' rows ``[index, dy, dx, flip]``, augmented as in ``epoch`` (or now)."""
         index, augmentation, seeds = keys[:, 0], self.augmentation, []
         if not isinstance(augmentation, str):  # a user's transform is seeded per image: it reads the indices
             epoch = self.trainer.current_epoch if epoch is None else epoch
