@@ -59,8 +59,8 @@ from benchmarks._figures import (  # noqa: F401  (re-exported: the benchmarks im
     verdict,
 )
 from project.toolkit.dotted import import_object
-from project.toolkit.measure.environment import machine_description
-from project.toolkit.measure.tables import markdown_table, text_table
+from project.toolkit.timing.environment import machine_description
+from project.toolkit.timing.tables import markdown_table, text_table
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "perf"

@@ -49,7 +49,7 @@ from benchmarks.gpu_common import (
     run_logged,
     slug,
 )
-from project.toolkit.bench.matrix import end_all_sessions, ending_sessions_on_sigterm, project_command
+from project.tools.bench.matrix import end_all_sessions, ending_sessions_on_sigterm, project_command
 
 __all__ = ["REPO", "main", "no_gpu_line", "run_all", "run_path", "select", "write_report"]
 
@@ -348,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if line is not None:
         print(line)
         return 0
-    from project.toolkit.measure.environment import run_environment  # imports Lightning: not needed without a GPU
+    from project.toolkit.timing.environment import run_environment  # imports Lightning: not needed without a GPU
 
     environment = run_environment()
     names = select(args.paths.split(",") if args.paths else None)

@@ -17,7 +17,7 @@ def write_report(
 ) -> tuple[Path, Path]:
     """``gpu-check.md`` and ``gpu-check.json`` in ``out``: the environment, one row per path (pass, fail or
     skip, with its figures), and the last lines of each failing command."""
-    from project.toolkit.measure.tables import (  # imports the project (and Lightning): only when reporting
+    from project.toolkit.timing.tables import (  # imports the project (and Lightning): only when reporting
         markdown_table,
         number,
     )

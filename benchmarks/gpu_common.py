@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from project.toolkit.bench.matrix import run_in_own_session
+from project.tools.bench.matrix import run_in_own_session
 
 REPO = Path(__file__).resolve().parents[1]
 ERROR_LINES = 8  # of a failing command's output, in a report

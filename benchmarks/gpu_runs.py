@@ -2,7 +2,7 @@
 GPU, side by side, in at most 7 minutes; every finished pair in ``RESULTS_DIR/runs.json``.
 
 Each mode is one session (:mod:`benchmarks.paired`, ``once``): one fresh process runs the template (its real entry
-point with its default options, the progress bar off, :class:`~project.toolkit.measure.step_profile.StepProfile`
+point with its default options, the progress bar off, :class:`~project.toolkit.timing.step_profile.StepProfile`
 on steps 20-24 of its first epoch), then Lightning's bare loop (:mod:`benchmarks.lightning_loop`), then the plain
 loop (:mod:`benchmarks.plain`), each for 3 epochs of :data:`STEPS` steps of 256 synthetic images at 112 px; a
 figure is a side's images/s over its last two epochs, so the ratios are of the same device in the same minute. The
@@ -30,13 +30,13 @@ from typing import Any
 from benchmarks import gpu_common
 from benchmarks._common import Setup
 from benchmarks._figures import epoch_throughput
-from project.toolkit.bench.matrix import ending_sessions_on_sigterm
+from project.tools.bench.matrix import ending_sessions_on_sigterm
 
 DEADLINE_S = 420
 STEPS = 50  # training steps an epoch: the steady window (every epoch after the first) holds 100 steps of 256
 EPOCHS = 3
 BATCH = 256
-PROFILE = "project.toolkit.measure.step_profile.StepProfile"  # its default window: steps 20-24, first epoch
+PROFILE = "project.toolkit.timing.step_profile.StepProfile"  # its default window: steps 20-24, first epoch
 TEMPLATE_OPTIONS = ["--trainer.enable_progress_bar=false", f"--trainer.callbacks+={PROFILE}"]
 ENVIRONMENT_S = 5  # nvidia-smi, lscpu, the versions
 OVERRUN = 2.0  # a session is stopped at this many times its estimate, or at the deadline if sooner
@@ -229,7 +229,7 @@ def read_session(folder: Path) -> tuple[dict[str, list[dict[str, Any]]], dict[st
 
 def environment_record(out: Path) -> dict[str, Any]:
     """``environment.txt`` (nvidia-smi, lscpu) and the template's own record of the machine."""
-    from project.toolkit.measure.environment import run_environment
+    from project.toolkit.timing.environment import run_environment
 
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "environment.txt", "w") as text:

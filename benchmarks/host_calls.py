@@ -47,7 +47,7 @@ from benchmarks.inference import MOBILENET, WARMUP_BATCHES
 from benchmarks.lightning_loop import lightning_infer
 from benchmarks.paired import settle_process
 from benchmarks.plain import plain_infer
-from project.toolkit.measure.tables import number
+from project.toolkit.timing.tables import number
 
 SETUP = replace(MOBILENET, test_batches=12)  # a batch's calls hardly vary after the warm-up
 STAGES = ("test", "predict")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import Setup, common_arguments, machine, parse, publish, template
-from project.toolkit.measure.tables import number
+from project.toolkit.timing.tables import number
 
 DEFAULT_SIZE = Setup("mobilenet_v2", image_size=112, batch_size=128, train_batches=8, epochs=1, test_batches=8)
 STAGES = ("test", "fit")

@@ -82,7 +82,7 @@ from benchmarks._common import (
     run_sessions,
     whole_number_above_0,
 )
-from project.toolkit.measure.tables import number
+from project.toolkit.timing.tables import number
 
 GOAL = 0.98
 WARMUP_BATCHES = 3  # the TimingCallback's default warmup_iterations

@@ -29,7 +29,7 @@ import torch
 from lightning.pytorch.plugins.precision import Precision
 
 from benchmarks._common import Setup, common_arguments, machine, parse, publish, template
-from project.toolkit.measure.tables import number
+from project.toolkit.timing.tables import number
 
 GOAL = 0.05
 LOADER_BATCH = 256

@@ -74,7 +74,7 @@ from benchmarks._common import (
     steady_epoch_wall,
     steady_step_cycle,
 )
-from project.toolkit.measure.tables import number
+from project.toolkit.timing.tables import number
 
 GOAL = 0.98
 SPEEDS = (*(f"{c}_images_per_second" for c in CLOCKS), "epoch_images_per_second")  # the ratios of a session

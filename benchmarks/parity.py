@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import Setup, common_arguments, machine, parse, plain_fit_run, publish, run
-from project.toolkit.measure.tables import number
+from project.toolkit.timing.tables import number
 
 RECIPE = Setup(
     arch="mobilenet_v2",

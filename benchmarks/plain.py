@@ -38,7 +38,7 @@ from torch.nn import functional as F
 from benchmarks._common import Setup
 from project.toolkit.data.augmentation import PADDING, augment, rows_of, to_model_input
 from project.toolkit.host_memory import DEFAULT_TRIM_THRESHOLD_MB, keep_freed_host_memory
-from project.toolkit.measure.devices import SyncingClock, synchronizer
+from project.toolkit.timing.clocks import SyncingClock, synchronizer
 
 
 class StepObserver(Protocol):

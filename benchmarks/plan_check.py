@@ -2,10 +2,11 @@
 
 ``python -m benchmarks.plan_check cpu BENCH_OUT [--singles BENCH_OUT2] --out benchmarks/results/plan``: the plan
 made from each single-device cell of a finished ``python -m project bench`` run (of ``BENCH_OUT2``, by default
-``BENCH_OUT``; the CPU smoke preset's cells), for 2 devices
-with the link measured here, beside the 2-process ddp, fsdp and pipeline cells of the same arch: step time
-(the slowest rank's step anatomy window), training samples/s (steady epochs) and peak memory per rank, each
-with its error.
+``BENCH_OUT``; the CPU smoke preset's cells), for 2 devices with the link measured here (unless ``--link-gbps``),
+beside the 2-process ddp, fsdp and pipeline cells of the same arch: step time (the slowest rank's step anatomy
+window), training samples/s (steady epochs) and peak memory per rank, each with its error. The pipeline's stages
+are timed by block where the single cells ran with ``project.tools.plan.block_times.BlockTimes`` among their
+callbacks (``block_times.json`` beside their ``timing.json``), else split by FLOPs.
 
 ``python -m benchmarks.plan_check published --out benchmarks/results/plan``: what the plan predicts for NVIDIA's
 published ResNet50 v1.5 figures on 8 A100s (DeepLearningExamples, PyTorch/Classification/ConvNets/
@@ -21,19 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from project.toolkit.measure.tables import markdown_table
-from project.toolkit.plan import (
-    Link,
-    Target,
-    core_slowdown,
-    describe_replay,
-    link_from,
-    plan,
-    read_run,
-    replay_here,
-    scaling_efficiency,
-    sharing_here,
-)
+from project.toolkit.timing.tables import markdown_table
+from project.tools.plan import Link, Target, core_slowdown, link_from, plan, read_run, scaling_efficiency
 
 PLANNED = {"ddp": "ddp", "fsdp": "fsdp", "pipeline-mb4": "pipeline"}
 
@@ -58,17 +48,12 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_co
         single: read_run(single / "lightning_logs" / "version_0")
         for single in sorted((singles / "runs").glob("single-*"))
     }
-    # how much 2 processes computing at once slow each other here (auto), measured once for every cell
-    sharing, sharing_note = sharing_here(next(iter(singles_runs.values())), shared_cores, devices=2)
-    record["core_sharing"] = sharing_note or None
-    replay_notes, record["replayed"] = [], {}
+    notes = []
     for single, run in singles_runs.items():
         arch = single.name.split("-")[1]
-        target = Target(2, slowdown=core_slowdown(run, shared_cores, devices=2, sharing=sharing))
-        replayed = replay_here(run, target, link)  # as `python -m project plan` does
-        replay_notes.append(f"{arch}: {describe_replay(replayed) if replayed else 'no replay: the formulas'}")
-        record["replayed"][arch] = replayed.__dict__ if replayed else None
-        predictions = {p.strategy: p for p in plan(run, target, link, replayed=replayed)}
+        target = Target(2, slowdown=core_slowdown(run, shared_cores, devices=2))  # as `python -m project plan`
+        predictions = {p.strategy: p for p in plan(run, target, link)}
+        notes.append(f"{arch}: each process {target.slowdown:.2f}x slower; pipeline: {predictions['pipeline'].note}")
         for cell_prefix, strategy in PLANNED.items():
             for cell in sorted(runs.glob(f"{cell_prefix}-{arch}-*")):
                 timing = json.loads((cell / "lightning_logs" / "version_0" / "timing.json").read_text())
@@ -98,7 +83,8 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_co
                             "parts": p.parts,
                             "samples_per_second": p.samples_per_second,
                         }
-                        | {"peak_memory_mb": p.memory_mb, "scaling_efficiency": scaling_efficiency(p, run)},
+                        | {"peak_memory_mb": p.memory_mb, "scaling_efficiency": scaling_efficiency(p, run)}
+                        | {"note": p.note},
                         "measured": {"step_seconds": step, "samples_per_second": rate, "peak_memory_mb": memory}
                         | {"step_anatomy": timing.get("step_anatomy")},
                     }
@@ -109,12 +95,10 @@ def check_cpu(bench_out: Path, singles: Path, out: Path, command: str, shared_co
         f"Produced by `{command}`. Each 2-process cell of the bench run in `{bench_out}` is predicted by",
         f"`python -m project plan` from the single-device cell of the same arch in `{singles}`",
         f"(`--devices 2 --shared-cores {shared_cores}`; the link {link.source}:",
-        f"{link.bandwidth * 8 / 1e9:.2f} Gbit/s, {link.latency * 1e6:.0f} us per message"
-        + (f"; {sharing_note}" if sharing_note else "")
-        + "). Step: the slowest",
+        f"{link.bandwidth * 8 / 1e9:.2f} Gbit/s, {link.latency * 1e6:.0f} us per message). Step: the slowest",
         "rank's step over the anatomy's window; samples/s: the steady epochs'; memory: peak resident set.",
         "",
-        *[f"- {note}" for note in replay_notes],
+        *[f"- {note}" for note in notes],
     ]
     return _write_report(out, "cpu", "The plan against measurement: 2 CPU processes", intro, header, rows, record)
 
@@ -146,7 +130,7 @@ def published_run(images_per_second: float) -> dict[str, Any]:
     network (ResNet50, 1000 classes, 224 px) measured on the meta device."""
     from torchvision.models import resnet50
 
-    from project.toolkit.plan.network import network_profile
+    from project.toolkit.timing.network import network_profile
 
     network = network_profile(resnet50(num_classes=1000), 224)
     network["optimizer_state_bytes"] = network["parameter_bytes"]  # SGD momentum

@@ -9,7 +9,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from project.toolkit.measure.devices import SyncingClock, synchronizer
+from project.toolkit.timing.clocks import SyncingClock, synchronizer
 
 
 class StepStamps(Callback):

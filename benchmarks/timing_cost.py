@@ -48,8 +48,8 @@ from benchmarks._common import (
     verdict,
 )
 from benchmarks.paired import order, settle_process
-from project.toolkit.measure.devices import HostClock, synchronizer
-from project.toolkit.measure.tables import number
+from project.toolkit.timing.clocks import HostClock, synchronizer
+from project.toolkit.timing.tables import number
 
 GOAL = 0.99
 VARIANTS = {  # name -> the options that make it

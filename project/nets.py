@@ -19,9 +19,9 @@ import torchvision
 from torch import nn
 from torchvision.models import MobileNetV2, ResNet
 
+from project.toolkit.blocks import default_blocks
 from project.toolkit.dotted import import_object
 from project.toolkit.errors import ProjectError
-from project.toolkit.strategies.blocks import default_blocks
 from project.toolkit.weights import load_weights
 
 

@@ -1,4 +1,4 @@
-"""The step anatomy (project/toolkit/measure/anatomy.py): the bookkeeping that splits a step into its parts,
+"""The step anatomy (project/toolkit/timing/anatomy.py): the bookkeeping that splits a step into its parts,
 the window's place, that nothing more is marked or waited for outside it, and one 2-process ddp run whose
 ranks' parts add up to their measured step."""
 
@@ -12,9 +12,9 @@ import torch
 from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, TensorDataset
 
-from project.toolkit.callbacks.timing import TimingCallback
-from project.toolkit.measure.anatomy import AnatomyWindow, StepTimes, covered, split_step
-from project.toolkit.measure.devices import HostClock
+from project.toolkit.timing.anatomy import AnatomyWindow, StepTimes, covered, split_step
+from project.toolkit.timing.callback import TimingCallback
+from project.toolkit.timing.clocks import HostClock
 from tests.conftest import quiet_trainer
 from tests.test_strategy_runs import run_project
 from tests.test_timing import FakeAsyncDevice
@@ -154,9 +154,8 @@ def test_each_ddp_rank_records_an_anatomy_that_adds_up_and_plan_reads_it(
     network = timing["network"]
     assert network["parameters"] > 2e6 and network["parameter_bytes"] == 4 * network["parameters"]
     assert network["optimizer_state_bytes"] == network["parameter_bytes"]  # SGD's momentum, one per parameter
-    assert "block_seconds" not in network  # blocks are timed after single-device fits only
 
-    from project.toolkit.plan import main as plan_main
+    from project.tools.plan import main as plan_main
 
     capsys.readouterr()
     plan_main([str(run), "--devices", "4", "--link-gbps", "8", "--out", str(tmp_path / "plan")])

@@ -21,8 +21,8 @@ import matplotlib.pyplot
 import pytest
 import yaml
 
-from project.toolkit import bench
-from project.toolkit.bench import BenchConfig, Cell, cell_args, expand
+from project.tools import bench
+from project.tools.bench import BenchConfig, Cell, cell_args, expand
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,19 +86,20 @@ def test_a_bad_matrix_file_is_one_line(tmp_path: Path, capsys, settings: object,
 def test_a_missing_matrix_file_is_one_line(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         bench.main(["--config", str(tmp_path / "nowhere.yaml"), "--out", str(tmp_path / "out")])
-    assert capsys.readouterr().err.strip() == f"error: bench --config {tmp_path / 'nowhere.yaml'}: no such file"
+    line = f"error: bench --config {tmp_path / 'nowhere.yaml'}: no such file, nor a preset (cpu-smoke, gpu1, seed)"
+    assert capsys.readouterr().err.strip() == line
 
 
 def test_the_presets_are_valid_matrices() -> None:
-    seed = expand(bench.load_config(REPO / "configs" / "bench" / "seed.yaml"))
+    seed = expand(bench.load_config(bench.config_path("seed")))
     pipelines = {"pipeline-mb1", "pipeline-mb4", "pipeline-mb8"}  # model parallel, then pipelined
     assert {c.strategy for c in seed} == {"single", "dp", "ddp", "fsdp", "deepspeed_stage_2", *pipelines}
     assert {c.arch for c in seed if c.strategy in pipelines} == {"resnet50"}
     assert {c.arch for c in seed} == {"mobilenet_v2", "resnet50"} and {c.batch_size for c in seed} == {256, 512}
-    gpu1 = expand(bench.load_config(REPO / "configs" / "bench" / "gpu1.yaml"))
+    gpu1 = expand(bench.load_config(bench.config_path("gpu1")))
     assert {c.devices for c in gpu1} == {1} and {c.precision for c in gpu1} == {"bf16-mixed"}
     assert {c.strategy for c in gpu1} == {"single", "ddp", "fsdp", "deepspeed_stage_2"}
-    smoke = expand(bench.load_config(REPO / "configs" / "bench" / "cpu-smoke.yaml"))
+    smoke = expand(bench.load_config(bench.config_path("cpu-smoke")))
     assert {(c.strategy, c.devices) for c in smoke} == {("single", 1), ("ddp", 2), ("fsdp", 2), ("pipeline-mb4", 2)}
     assert [c.name for c in smoke if c.strategy.startswith("pipeline")] == ["pipeline-mb4-resnet50-b32-x2-32-true"]
 
@@ -323,7 +324,7 @@ def test_importing_bench_is_cheap() -> None:
     should answer at once); the ``project`` package's own imports are left out of the check."""
     code = (
         "import sys, types; package = types.ModuleType('project'); package.__path__ = [sys.argv[1]]; "
-        "sys.modules['project'] = package; import project.toolkit.bench; "
+        "sys.modules['project'] = package; import project.tools.bench; "
         "print(sorted(m for m in ('torch', 'lightning', 'matplotlib') if m in sys.modules))"
     )
     result = subprocess.run(
@@ -365,7 +366,7 @@ def test_cpu_smoke_preset_writes_the_three_result_files(tmp_path: Path) -> None:
     # The preset with its settings and options, but (CI time: the whole preset takes 330 s) three of its
     # seven cells and half its batches: single device and ddp with MobileNetV2, the ResNet50 pipeline.
     # fsdp runs in tests/test_strategy_runs.py; the full preset's results are benchmarks/results/cpu-smoke.
-    settings = yaml.safe_load((REPO / "configs" / "bench" / "cpu-smoke.yaml").read_text())
+    settings = yaml.safe_load(bench.config_path("cpu-smoke").read_text())
     settings["strategy_archs"] = {"single": ["mobilenet_v2"], "ddp": ["mobilenet_v2"], "pipeline-mb4": ["resnet50"]}
     settings.update(strategies=["single", "ddp", "pipeline-mb4"], limit_train_batches=3, limit_test_batches=3)
     preset = write_config(tmp_path / "cpu-smoke.yaml", settings)
@@ -426,7 +427,7 @@ SESSION_RUNNER = textwrap.dedent(
     f"""
     import signal
     import sys
-    from project.toolkit.bench.matrix import ending_sessions_on_sigterm, run_in_own_session
+    from project.tools.bench.matrix import ending_sessions_on_sigterm, run_in_own_session
 
     pid_file, guarded = sys.argv[1], sys.argv[2] == "guarded"
     session = [sys.executable, "-c", {SLEEPER!r}, pid_file]
@@ -492,7 +493,7 @@ def test_ending_all_sessions_reaches_those_waited_on_in_other_threads(
 ) -> None:
     """gpu_check waits on its sessions from worker threads, where Ctrl-C does not reach: end_all_sessions (called
     by its main thread) ends them, and a worker starts no more."""
-    from project.toolkit.bench import matrix
+    from project.tools.bench import matrix
 
     monkeypatch.setattr(matrix, "_ENDING", threading.Event())  # this process goes on after the test
     pid_file = tmp_path / "session.pid"

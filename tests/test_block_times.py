@@ -1,5 +1,5 @@
-"""The blocks' timing after a single-device fit (project/toolkit/plan/block_times.py): what it measures,
-that it leaves the network as it was, and that a fit records it beside the network's units."""
+"""The blocks' timing after a single-device fit (project/tools/plan/block_times.py): what it measures, that it leaves
+the network as it was, and that a fit given the BlockTimes callback writes it beside its timing.json, and only then."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import time
 from pathlib import Path
 
 import torch
+from lightning.pytorch import LightningModule
 from torch import nn
 
 from project.__main__ import main
-from project.toolkit.plan.block_times import block_seconds
+from project.tools.plan import read_run
+from project.tools.plan.block_times import block_seconds, probe_after_fit
+from tests.conftest import quiet_trainer
 
 
 def test_times_every_block_at_both_sizes_and_leaves_the_network_as_it_was() -> None:
@@ -42,19 +45,38 @@ def test_a_batch_too_small_to_split_is_timed_at_its_size_only() -> None:
     assert block_seconds(list(net), torch.randn(6, 4), lambda x: x, time.perf_counter)["batch_sizes"] == [6]
 
 
-def test_a_single_device_fit_times_its_declared_blocks(tiny_args: list[str], tmp_path: Path) -> None:
-    main(["fit", *tiny_args, "--model.arch=resnet18", "--trainer.max_epochs=1", "--trainer.limit_train_batches=3"])
-    timing = json.loads(next(tmp_path.glob("lightning_logs/version_*/timing.json")).read_text())
-    network = timing["network"]
-    names = [unit[0] for unit in network["units"]]
-    assert names[0] == "stem" and names[-1] == "fc" and len(names) == 10  # ResNet18's declared blocks
-    times = network["block_seconds"]
+def test_nothing_is_timed_but_a_single_device_fit_of_declared_blocks(tmp_path: Path) -> None:
+    declared, undeclared = LightningModule(), LightningModule()
+    declared.net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())  # an nn.Sequential's children are its blocks
+    undeclared.net = nn.Linear(4, 4)
+    like = ((8, 4), (4, 1), torch.float32)
+    single = quiet_trainer(tmp_path, devices=1)
+    assert probe_after_fit(single, declared, like)["batch_sizes"] == [8, 2]
+    assert probe_after_fit(single, declared, None) is None  # no training batch seen
+    assert probe_after_fit(single, undeclared, like) is None
+    assert probe_after_fit(quiet_trainer(tmp_path, devices=2, strategy="ddp"), declared, like) is None
+
+
+FIT = ["--model.arch=tests.user_nets.sequential_convnet", "--trainer.max_epochs=1", "--trainer.limit_train_batches=4"]
+FIT += ["--trainer.limit_val_batches=1", "--timing.warmup_iterations=1", "--timing.anatomy_steps=2"]  # what plan reads
+
+
+def test_the_callback_writes_the_blocks_times_beside_timing_json_and_plan_reads_them(
+    tiny_args: list[str], tmp_path: Path
+) -> None:
+    main(["fit", *tiny_args, *FIT, "--trainer.callbacks+=project.tools.plan.block_times.BlockTimes"])
+    run = next(tmp_path.glob("lightning_logs/version_*"))
+    names = [unit[0] for unit in json.loads((run / "timing.json").read_text())["network"]["units"]]
+    assert names == ["stem", "block1", "block2", "head"]  # the network's declared blocks
+    times = json.loads((run / "block_times.json").read_text())
     assert times["batch_sizes"] == [20, 5]  # tiny_args' batch and a quarter of it
     assert all(len(row) == len(names) for row in times["forward"] + times["backward"])
     assert sum(times["backward"][0]) > 0
+    assert read_run(run).block_seconds == times
 
 
-def test_the_timing_can_be_switched_off(tiny_args: list[str], tmp_path: Path) -> None:
-    main(["fit", *tiny_args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--timing.block_times=false"])
-    timing = json.loads(next(tmp_path.glob("lightning_logs/version_*/timing.json")).read_text())
-    assert "units" in timing["network"] and "block_seconds" not in timing["network"]
+def test_a_fit_without_the_callback_times_no_blocks(tiny_args: list[str], tmp_path: Path) -> None:
+    main(["fit", *tiny_args, *FIT])
+    run = next(tmp_path.glob("lightning_logs/version_*"))
+    assert (run / "timing.json").is_file() and not (run / "block_times.json").exists()
+    assert read_run(run).block_seconds is None

@@ -15,8 +15,8 @@ from torchvision.models import mobilenet_v2, resnet18
 from project.__main__ import main
 from project.model import ImageClassifier
 from project.nets import network_blocks
+from project.toolkit.blocks import as_blocks, check_covers, module_blocks
 from project.toolkit.errors import ProjectError
-from project.toolkit.strategies.blocks import as_blocks, check_covers, module_blocks
 from project.toolkit.strategies.contract import module_view
 from tests.user_nets import DeclaredNet, TwoPartNet, sequential_convnet
 

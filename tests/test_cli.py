@@ -208,7 +208,7 @@ def test_each_command_holds_the_default_callbacks_with_work_in_it(tiny_args: lis
 
 
 def test_each_default_callback_can_be_switched_off(tiny_args: list[str], tmp_path: Path) -> None:
-    from project.toolkit.callbacks.timing import TimingCallback
+    from project.toolkit.timing.callback import TimingCallback
 
     off = main(
         ["fit", *tiny_args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--callbacks.timing=false"]

@@ -12,9 +12,9 @@ import matplotlib.image
 import pytest
 
 from project.__main__ import main
-from project.toolkit.bench.compare import cell_names, timing_files
-from project.toolkit.bench.compare import compare as compare_runs
 from project.toolkit.errors import ProjectError
+from project.tools.bench.compare import cell_names, timing_files
+from project.tools.bench.compare import compare as compare_runs
 
 ENVIRONMENT = {"device_name": "cpu", "torch": "2.8.0", "hostname": "node1"}
 

@@ -84,7 +84,7 @@ def test_the_private_name_check_can_fail(tmp_path: Path) -> None:
 
 def test_importing_the_package_is_cheap_and_registers_nothing() -> None:
     code = (
-        "import sys, project, project.toolkit.errors, project.toolkit.measure, project.toolkit.cli\n"
+        "import sys, project, project.toolkit.errors, project.toolkit.timing, project.toolkit.cli\n"
         "print(sorted(m for m in ('torch', 'lightning', 'torchvision') if m in sys.modules))\n"
         "from lightning.pytorch.strategies import StrategyRegistry\n"
         "print('dp' in StrategyRegistry.available_strategies())"

@@ -1,4 +1,4 @@
-"""The record of where a figure was taken: :func:`project.toolkit.measure.environment.run_environment`."""
+"""The record of where a figure was taken: :func:`project.toolkit.timing.environment.run_environment`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from project.toolkit.measure import environment
-from project.toolkit.measure.environment import git_state, run_environment, template_root
+from project.toolkit.timing import environment
+from project.toolkit.timing.environment import git_state, run_environment, template_root
 
 KEYS = {
     "device_name": str,

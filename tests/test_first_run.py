@@ -36,7 +36,7 @@ def test_a_mistyped_strategy_gets_the_nearest_name_and_the_templates_own(
 ) -> None:
     err = one_error_line(["fit", *tiny_args, "--trainer.strategy=dpp"], capsys)
     assert "trainer.strategy='dpp' is not a strategy; did you mean dp or ddp?" in err
-    assert "dp_balanced, ddp, fsdp, pipeline" in err and "find_unused" not in err and len(err) < 400
+    assert "dp_balanced, ddp, ddp_static, fsdp, pipeline" in err and "find_unused" not in err and len(err) < 400
 
 
 def test_an_abbreviated_option_is_refused_with_the_full_name(

@@ -1,4 +1,4 @@
-"""FLOPs per image, device peaks and MFU: :mod:`project.toolkit.measure.flops`."""
+"""FLOPs per image, device peaks and MFU: :mod:`project.toolkit.timing.flops`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from lightning.pytorch.utilities.model_summary import get_human_readable_count
 from torch import nn
 
 from project.__main__ import main
-from project.toolkit.measure.flops import (
+from project.toolkit.timing.flops import (
     PEAK_TFLOPS,
     convolutions_use_tf32,
     forward_flops_by_module,

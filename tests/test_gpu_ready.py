@@ -19,10 +19,10 @@ from lightning.pytorch import Trainer
 from project.__main__ import main
 from project.model import ImageClassifier
 from project.toolkit.errors import ProjectError
-from project.toolkit.measure import flops
-from project.toolkit.measure.summary import _work
-from project.toolkit.strategies import register_strategies
 from project.toolkit.strategies.fsdp import cast_buffers, check_compile_mode, mixed_precision_policy
+from project.toolkit.strategies.registry import register_strategies
+from project.toolkit.timing import flops
+from project.toolkit.timing.table import work_text as _work
 from project.toolkit.training import fusable
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,13 +76,17 @@ def test_sgd_is_fused_where_every_parameter_is_on_one_cuda_device() -> None:
     assert fusable([cuda0, cuda0]) is True
     assert fusable([cuda0, cuda1]) is False and fusable([cpu, cpu]) is False and fusable([]) is False
     model = ImageClassifier(arch="tests.user_nets.sequential_convnet")
-    model.trainer = SimpleNamespace(estimated_stepping_batches=4, num_training_batches=2, accumulate_grad_batches=1)
+    model.trainer = SimpleNamespace(
+        estimated_stepping_batches=4, num_training_batches=2, accumulate_grad_batches=1, datamodule=None
+    )
     assert model.configure_optimizers()["optimizer"].defaults["fused"] is None  # on a CPU: torch's default
 
 
-def test_ddp_keeps_gradients_as_bucket_views_and_a_static_graph() -> None:
+def test_ddp_is_lightnings_own_and_ddp_static_keeps_bucket_views_and_a_static_graph() -> None:
     register_strategies()
-    strategy = Trainer(strategy="ddp", accelerator="cpu", devices=2, logger=False).strategy
+    ddp = Trainer(strategy="ddp", accelerator="cpu", devices=2, logger=False).strategy
+    assert ddp._ddp_kwargs == {} and ddp._start_method == "popen"  # as Lightning registers it: any network runs
+    strategy = Trainer(strategy="ddp_static", accelerator="cpu", devices=2, logger=False).strategy
     assert strategy._ddp_kwargs == {"gradient_as_bucket_view": True, "static_graph": True}
     assert strategy._start_method == "popen"  # as Lightning's own ddp
 

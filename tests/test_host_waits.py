@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from project.__main__ import main
 from project.toolkit.callbacks.group import find_callback
 from project.toolkit.callbacks.guards import Guards
-from project.toolkit.callbacks.timing import TimingCallback
-from project.toolkit.measure.devices import HostClock
+from project.toolkit.timing.callback import TimingCallback
+from project.toolkit.timing.clocks import HostClock
 from tests.test_performance import HostReads
 
 FIRST, LAST = 10, 40  # the steps watched, counted from 1; the loggers write at step 50

@@ -1,7 +1,7 @@
-"""The two layers, read file by file: the machinery (``project/toolkit/``) never imports the template
-layer (``project.model``, ``project.nets``, ``project.data``, ``project.__main__``), no module imports
-itself back through others (no circles), nor does any folder of the toolkit, and the template layer stays
-small enough to read first.
+"""The layers, read file by file: the machinery (``project/toolkit/``, what a run executes, and ``project/tools/``, the
+offline commands beside it) never imports the template layer (``project.model``, ``project.nets``, ``project.data``,
+``project.__main__``); the toolkit never imports the tools; no module imports itself back through others (no circles),
+nor does any folder of the machinery; and the template layer stays small enough to read first.
 
 Every ``import`` and ``from ... import`` counts, also those inside functions: a lazy import is an arrow
 all the same."""
@@ -12,7 +12,8 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "project"
-MACHINERY = "project.toolkit"
+TOOLKIT, TOOLS = "project.toolkit", "project.tools"
+MACHINERY = (TOOLKIT, TOOLS)
 TEMPLATE = ("project.model", "project.nets", "project.data", "project.__main__")
 TEMPLATE_LINE_BUDGET = 600  # Python lines, comments and docstrings included
 
@@ -64,6 +65,20 @@ def test_the_machinery_never_imports_the_template_layer() -> None:
     assert arrows == []
 
 
+def test_a_run_carries_only_what_it_runs() -> None:
+    """No module of the toolkit imports the offline tools, also lazily: a training run never loads them."""
+    graph = import_graph()
+    assert any(name.startswith(f"{TOOLS}.") for name in graph)  # the check has something to look at
+    arrows = [
+        f"{source} imports {target}"
+        for source, targets in graph.items()
+        if source.startswith(TOOLKIT)
+        for target in sorted(targets)
+        if target == TOOLS or target.startswith(f"{TOOLS}.")
+    ]
+    assert arrows == []
+
+
 def circles(graph: dict[str, set[str]]) -> list[str]:
     """The circles of ``graph`` (module -> the modules it imports) found by a depth-first walk, each as
     ``a -> b -> a``."""
@@ -111,12 +126,12 @@ def test_the_check_sees_a_forbidden_arrow_and_a_circle(tmp_path: Path) -> None:
 
 
 def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The arrows between the toolkit's parts: each folder (``project.toolkit.plan``) or top-level module
+    """The arrows between the toolkit's parts: each folder (``project.tools.plan``) or top-level module
     (``project.toolkit.errors``) is one node, and an import between two modules is an arrow between their parts."""
 
     def part(module: str) -> str | None:
         names = module.split(".")
-        return ".".join(names[:3]) if module.startswith(f"{MACHINERY}.") else None
+        return ".".join(names[:3]) if module.startswith(tuple(f"{m}." for m in MACHINERY)) else None
 
     arrows: dict[str, set[str]] = {}
     for source, targets in graph.items():
@@ -156,6 +171,7 @@ def test_the_template_layer_is_small_enough_to_read_first() -> None:
 
 
 def test_every_module_is_in_one_layer() -> None:
-    """Outside ``project/toolkit/`` only the template layer (and the package's own ``__init__``)."""
+    """Outside ``project/toolkit/`` and ``project/tools/`` only the template layer (and the package's own
+    ``__init__``)."""
     strays = [name for name in modules() if name != "project" and not name.startswith(MACHINERY)]
     assert all(is_template(name) for name in strays), strays

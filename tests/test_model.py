@@ -89,7 +89,9 @@ def test_another_optimizer_and_schedule_are_options(tiny_args: list[str], tmp_pa
 
 def test_the_default_optimizer_is_sgd_with_a_warmed_up_cosine_schedule_per_step() -> None:
     model = ImageClassifier(arch="resnet18")
-    model.trainer = SimpleNamespace(estimated_stepping_batches=20, num_training_batches=10, accumulate_grad_batches=1)
+    model.trainer = SimpleNamespace(
+        estimated_stepping_batches=20, num_training_batches=10, accumulate_grad_batches=1, datamodule=None
+    )
     config = model.configure_optimizers()
     assert isinstance(config["optimizer"], torch.optim.SGD) and config["optimizer"].defaults["nesterov"]
     assert config["lr_scheduler"]["interval"] == "step"

@@ -17,12 +17,11 @@ from torchvision.models import mobilenet_v2, resnet18, resnet50
 
 from project.__main__ import main
 from project.nets import network_blocks
+from project.toolkit.blocks import Block, as_blocks
 from project.toolkit.errors import ProjectError
-from project.toolkit.measure.bubble import BubbleMeter
-from project.toolkit.strategies import PipelineStrategy
-from project.toolkit.strategies.blocks import Block, as_blocks
-from project.toolkit.strategies.pipeline import SCHEDULES
+from project.toolkit.strategies.pipeline import SCHEDULES, PipelineStrategy
 from project.toolkit.strategies.stages import block_costs, build_stage, plan_split, release_other_stages
+from project.toolkit.timing.bubble import BubbleMeter
 from tests.test_strategies import one_process_group, recorded, recorder_args  # noqa: F401 (a fixture)
 from tests.test_strategy_runs import REPO, evaluate, run_project
 

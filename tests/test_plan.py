@@ -1,6 +1,6 @@
-"""``python -m project plan`` (project/toolkit/plan/__init__.py): its formulas on known inputs, the predictions
-they add up to, the command (a table from a timing.json, without torch where nothing is measured here;
-one-line errors) and the replay of ddp and fsdp on a CPU (project/toolkit/plan/replay.py)."""
+"""``python -m project plan`` (project/tools/plan/): its formulas on known inputs, the predictions they add up to,
+and the command (a table from a timing.json and the block_times.json beside it, without torch where nothing is
+measured here; one-line errors)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from project.toolkit import plan
-from project.toolkit.plan import Link, Measured, Target
+from project.tools import plan
+from project.tools.plan import Link, Measured, Target
 
 FAST = Link(latency=0.0, bandwidth=1e9, source="given")  # 1 GB/s, no latency: round numbers
 MB = 1e6
@@ -51,7 +51,6 @@ def test_collective_formulas() -> None:
     assert plan.ring_all_reduce_seconds(100 * MB, 8, FAST) == pytest.approx(0.175)  # 2 x 7/8
     assert plan.ring_all_reduce_seconds(100 * MB, 1, FAST) == 0.0
     assert plan.all_gather_seconds(100 * MB, 8, Link(1e-3, 1e9, "")) == pytest.approx(0.0875 + 0.007)
-    assert plan.gpipe_bubble(4, 4) == pytest.approx(3 / 7)
     assert plan.balanced_stages([5, 45, 45, 5], 2) == [[0, 1], [2, 3]]
 
 
@@ -120,33 +119,12 @@ def test_fsdp_gathers_twice_and_reduce_scatters_once_and_shards_the_states() -> 
     assert blocking.memory_mb == [pytest.approx(expected)] * 4
 
 
-def test_on_a_cpu_the_replayed_costs_take_the_place_of_the_formulas_collectives() -> None:
-    run = measured(accelerator="cpu")
-    replayed = plan.Replayed(ddp_seconds=0.2, fsdp_seconds=0.5, fsdp_optimizer_factor=0.4, how="given")
-    ddp = plan.predict_ddp(run, Target(4), FAST, overlap=False, replayed=replayed)
-    fsdp = plan.predict_fsdp(run, Target(4), FAST, overlap=False, replayed=replayed)
-    assert ddp.parts["communication"] == 0.2 and fsdp.parts["communication"] == 0.5
-    assert fsdp.parts["optimizer"] == pytest.approx(0.1 * 0.4)  # the run's step on the shards: 0.4x, not 1/4
-    # nothing else moves
-    for replayed_one, formula in (
-        (ddp, plan.predict_ddp(run, Target(4), FAST, overlap=False)),
-        (fsdp, plan.predict_fsdp(run, Target(4), FAST, overlap=False)),
-    ):
-        unchanged = ("data_wait", "compute", "bubble", "rest") + (("optimizer",) if formula.strategy == "ddp" else ())
-        assert {k: replayed_one.parts[k] for k in unchanged} == {k: formula.parts[k] for k in unchanged}
-    # on GPUs the collectives overlap the compute: the formulas stand, whatever a CPU replay said
-    for strategy in (plan.predict_ddp, plan.predict_fsdp):
-        overlapped = strategy(run, Target(4), FAST, overlap=True, replayed=replayed)
-        assert overlapped.parts == strategy(run, Target(4), FAST, overlap=True).parts
-    planned = {p.strategy: p.parts["communication"] for p in plan.plan(run, Target(4), FAST, replayed=replayed)}
-    assert (planned["ddp"], planned["fsdp"]) == (0.2, 0.5)
-
-
 def test_pipeline_with_balanced_stages_idles_as_gpipe_says() -> None:
     run = measured(data_wait=0.0, optimizer=0.0, rest=0.0)
     infinite = Link(0.0, float("inf"), "given")
     pipeline = plan.predict_pipeline(run, Target(2, micro_batches=4), infinite)
-    assert pipeline.parts["bubble"] / pipeline.step == pytest.approx(plan.gpipe_bubble(2, 4))
+    p, m = 2, 4
+    assert pipeline.parts["bubble"] / pipeline.step == pytest.approx((p - 1) / (m + p - 1))  # GPipe's bubble
     assert pipeline.step == pytest.approx(0.6 * 0.5 * 5 / 4)  # (m + p - 1) slots of half the compute / m
     # sharing the cores at 2x: equal stages compute together nearly all the step, so it is about the whole compute
     shared = plan.predict_pipeline(run, Target(2, micro_batches=16, slowdown=2.0), infinite)
@@ -213,7 +191,7 @@ def write_run(folder: Path, **changes: object) -> Path:
 
 def test_the_command_prints_every_strategy_from_a_timing_json_without_importing_torch(tmp_path: Path) -> None:
     folder = write_run(tmp_path / "run")
-    code = "import sys\nfrom project.toolkit.cli import main\n"
+    code = "import sys\nfrom project.__main__ import main\n"
     code += (
         f"main(['plan', {str(folder)!r}, '--devices', '2', '--link-gbps', '8', '--out', {str(tmp_path / 'out')!r}])\n"
     )
@@ -269,73 +247,23 @@ def test_pipeline_takes_the_time_its_blocks_were_measured_to_take() -> None:
     assert "FLOPs" in plan.predict_pipeline(measured(), Target(2), infinite).note
 
 
-@pytest.mark.slow
-def test_processes_computing_at_once_are_measured_against_one_alone() -> None:
-    from project.toolkit.plan.cores import measure_core_sharing
-
-    measured = measure_core_sharing(processes=2, threads=1)
-    assert measured["factor"] >= 1.0 and measured["alone_seconds"] > 0
-    assert len(measured["together_seconds"]) == 2 and all(t > 0 for t in measured["together_seconds"])
-    assert measured["factor"] == pytest.approx(
-        max(1.0, sum(measured["together_seconds"]) / 2 / measured["alone_seconds"])
-    )
-
-
-def test_the_replay_is_for_this_machines_cpu_processes_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    numels = {"units": [[10]] * 4, "rest": []}
-    run = measured(accelerator="cpu", parameter_numels=numels)
-    monkeypatch.setattr("os.cpu_count", lambda: 4)
-    here = Link(1e-4, 2e9, "measured here", here=True)
-    # each of these returns before anything is spawned
-    assert plan.replay_here(run, Target(2), FAST) is None  # a given link: another machine's
-    assert plan.replay_here(measured(parameter_numels=numels), Target(2), here) is None  # a GPU run
-    assert plan.replay_here(run, Target(2, nodes=2), here) is None
-    assert plan.replay_here(run, Target(1), here) is None
-    assert plan.replay_here(run, Target(8), here) is None  # more processes than cores
-    assert plan.replay_here(measured(accelerator="cpu"), Target(2), here) is None  # no tensor sizes
-    odd = measured(accelerator="cpu", parameter_numels={"units": [[10]], "rest": []})
-    assert plan.replay_here(odd, Target(2), here) is None  # tensor sizes of other units
-
-
-def test_the_replay_refuses_work_for_other_units() -> None:
-    from project.toolkit.plan.replay import UnitWork, replay_data_parallel
-
-    with pytest.raises(ValueError, match="1 units of work for 2 units of parameters"):
-        replay_data_parallel([[4], [4]], [], 0, world=2, work=[UnitWork(0.001, 0.002, 64)])
-
-
-def test_the_units_tensor_sizes_are_recorded_with_declared_blocks_and_the_rest_apart() -> None:
-    from torch import nn
-
-    from project.toolkit.plan.network import network_profile
-
-    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 2 * 2, 5))
-    blocks = [("conv", net[0]), ("relu", net[1])]  # the head is in no block: the root's
-    numels = network_profile(net, image_size=4, channels_last=False, blocks=blocks)["parameter_numels"]
-    assert numels == {"units": [[108, 4], []], "rest": [80, 5]}
-
-
-@pytest.mark.slow
-def test_a_cpu_plan_replays_ddp_and_fsdp_on_this_machine_with_the_runs_tensors_and_compute(tmp_path: Path) -> None:
-    # 4 units, the second without parameters; blocks timed at 32 and 8 images, adding up to the run's forward
-    # and backward at 32: at 16 (a rank's share of 32 on 2 devices) each unit's forward takes 1 ms and its
-    # backward 2 ms, 12 ms in all
-    forward = [[0.002] * 4, [0.0005] * 4]
+def test_the_plan_reads_the_block_times_beside_the_timing_json_or_says_how_to_time_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folder = write_run(tmp_path / "run")
+    options = ["--devices", "2", "--link-gbps", "8"]
+    plan.main([str(folder), *options])
+    untimed = capsys.readouterr().out
+    assert "stages as their FLOPs" in untimed and plan.TIME_BLOCKS in untimed
+    forward = [[0.01, 0.03, 0.10, 0.01], [0.0025, 0.0075, 0.025, 0.0025]]
     times = {"batch_sizes": [32, 8], "forward": forward, "backward": [[2 * t for t in row] for row in forward]}
-    network = {"parameter_numels": {"units": [[4096, 64], [], [65536], [8]], "rest": [10]}, "block_seconds": times}
-    source = json.loads((write_run(tmp_path / "src") / "timing.json").read_text())
-    window = source["step_anatomy"]["ranks"][0] | {"forward": 0.008, "backward": 0.016, "compute": 0.024}
-    anatomy = source["step_anatomy"] | {"ranks": [window]}
-    folder = write_run(tmp_path / "run", network=source["network"] | network, step_anatomy=anatomy)
-    plan.main([str(folder), "--devices", "2", "--shared-cores", "no", "--out", str(tmp_path / "out")])
-    record = json.loads((tmp_path / "out" / "plan.json").read_text())
-    replayed = record["replayed"]
-    assert "5 parameter tensors of the run's sizes in 3 unit(s) + root, 0 bytes of buffers" in replayed["how"]
-    assert "0.012 s of compute stood in for" in replayed["how"]
-    predicted = {p["strategy"]: p["parts"] for p in record["predictions"]}
-    assert predicted["fsdp"]["communication"] == replayed["fsdp_seconds"]
-    assert predicted["ddp"]["communication"] == replayed["ddp_seconds"]
-    assert predicted["fsdp"]["optimizer"] == pytest.approx(0.1 * replayed["fsdp_optimizer_factor"])
-    # a given link is not this machine's: the formula's collectives, and no replay
-    plan.main([str(folder), "--devices", "2", "--link-gbps", "8", "--out", str(tmp_path / "given")])
-    assert json.loads((tmp_path / "given" / "plan.json").read_text())["replayed"] is None
+    (folder / "block_times.json").write_text(json.dumps(times))
+    for path in (folder, folder / "timing.json"):
+        assert plan.read_run(path).block_seconds == times
+        plan.main([str(path), *options])
+        timed = capsys.readouterr().out
+        assert "stages timed by block" in timed and plan.TIME_BLOCKS not in timed
+    (folder / "block_times.json").write_text("{")
+    with pytest.raises(SystemExit):
+        plan.main([str(folder), *options])
+    assert "block_times.json is not a readable block_times.json" in capsys.readouterr().err

@@ -117,9 +117,10 @@ def test_auto_is_off_for_the_default_job_and_on_for_a_small_data_set() -> None:
 
     model = torch.nn.Sequential(torch.nn.BatchNorm2d(3))
     for batches, active in ((175, False), (14, True)):  # CIFAR-10 at batch 256; the folder at batch 32
-        trainer = SimpleNamespace(
-            num_training_batches=batches, strategy=object(), datamodule=SimpleNamespace(training_batches=None)
-        )
+        data = SimpleNamespace(training_batches=lambda epoch: iter(()), in_channels=3, input_path=None)
+        data.batch_lowered_from = None
+        data.label_names, data.predict_names = ["a", "b"], None  # the rest of what the toolkit reads of a data set
+        trainer = SimpleNamespace(num_training_batches=batches, strategy=object(), datamodule=data)
         callback = PreciseBatchNorm()
         callback.on_train_start(trainer, model)
         assert callback.active is active

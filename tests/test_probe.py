@@ -23,11 +23,11 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from project.__main__ import main
 from project.model import ImageClassifier
-from project.toolkit.bench import compare as compare_module
-from project.toolkit.bench.report import speedups
 from project.toolkit.cli import checks as preflight
 from project.toolkit.cli import top_level_help
 from project.toolkit.cli.run_dirs import run_label, tensorboard_logdir_spec
+from project.tools.bench import compare as compare_module
+from project.tools.bench.report import speedups
 from tests.test_bad_input import one_error_line
 
 # --------------------------------------------------------------------------- scratch inputs
@@ -293,7 +293,7 @@ def test_arch_not_given_comes_from_the_checkpoint_and_is_said(
 
 
 def test_help_says_what_predict_writes() -> None:
-    text = top_level_help()
+    text = top_level_help("project.tools")
     assert "probabilit" not in text
     assert "predict   the predicted class of every test image (index and name), written to predictions.csv" in text
 

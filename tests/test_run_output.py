@@ -17,8 +17,8 @@ from lightning.pytorch import Trainer
 
 from project.__main__ import main
 from project.toolkit.callbacks import progress
-from project.toolkit.callbacks.timing_report import estimate_line
 from project.toolkit.log import LITLOGGER_TIP, silence_known_noise
+from project.toolkit.timing.report import estimate_line
 
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2"]
 # Lightning's messages that are noise for this template (project/toolkit/log.py and friends)

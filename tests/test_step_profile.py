@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from project.__main__ import main
 from project.toolkit.errors import ProjectError
-from project.toolkit.measure.step_profile import StepProfile, summarise
+from project.toolkit.timing.step_profile import StepProfile, summarise
 from tests.conftest import quiet_trainer
 
 
@@ -78,7 +78,7 @@ def test_bad_options_get_one_line() -> None:
 def test_it_runs_from_the_command_line_into_the_run_folder(tiny_args: list[str], tmp_path: Path) -> None:
     options = ["--trainer.callbacks.first_step=1", "--trainer.callbacks.steps=5"]  # the run ends after 2 of them
     main(["fit", *tiny_args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=3",
-          "--trainer.callbacks+=project.toolkit.measure.step_profile.StepProfile", *options])  # fmt: skip
+          "--trainer.callbacks+=project.toolkit.timing.step_profile.StepProfile", *options])  # fmt: skip
     summary = json.loads(next(tmp_path.glob("lightning_logs/version_*/step_profile.json")).read_text())
     assert (summary["first_step"], summary["steps"]) == (1, 2)
 

@@ -28,15 +28,11 @@ from torch.distributed.tensor import DTensor
 from project.__main__ import main
 from project.data import EvenBatchSampler
 from project.model import ImageClassifier
+from project.toolkit.blocks import module_blocks
 from project.toolkit.errors import DataError, ProjectError
-from project.toolkit.strategies import (
-    DataParallelStrategy,
-    FullyShardedStrategy,
-    register_strategies,
-)
-from project.toolkit.strategies.blocks import module_blocks
-from project.toolkit.strategies.dp import NetWithLoss
-from project.toolkit.strategies.fsdp import evaluate_under_no_grad, shard_network
+from project.toolkit.strategies.dp import DataParallelStrategy, NetWithLoss
+from project.toolkit.strategies.fsdp import FullyShardedStrategy, evaluate_under_no_grad, shard_network
+from project.toolkit.strategies.registry import register_strategies
 from tests.conftest import quiet_trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -386,11 +382,11 @@ def test_strategy_config_files_compose_with_the_default_config(capsys: pytest.Ca
         "dp": "dp",
         "dp_balanced": "dp_balanced",
         "fsdp": {
-            "class_path": "project.toolkit.strategies.FullyShardedStrategy",
+            "class_path": "project.toolkit.strategies.fsdp.FullyShardedStrategy",
             "init_args": {"save_distributed_checkpoint": False},
         },
         "pipeline": {
-            "class_path": "project.toolkit.strategies.PipelineStrategy",
+            "class_path": "project.toolkit.strategies.pipeline.PipelineStrategy",
             "init_args": {"micro_batches": 4, "schedule": "gpipe", "split": None, "process_group_backend": None},
         },
         "tpu": "xla",

@@ -319,7 +319,7 @@ def test_a_ddp_run_with_the_step_profile_ends_and_writes_it(tiny_args: list[str]
         "--trainer.max_epochs=1",
         "--trainer.limit_train_batches=4",
         "--trainer.num_sanity_val_steps=0",
-        "--trainer.callbacks+=project.toolkit.measure.step_profile.StepProfile",
+        "--trainer.callbacks+=project.toolkit.timing.step_profile.StepProfile",
         "--trainer.callbacks.first_step=1",
         "--trainer.callbacks.steps=2",
         cwd=tmp_path,

@@ -20,9 +20,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from project.__main__ import main
 from project.toolkit.callbacks.group import each_callback
-from project.toolkit.callbacks.timing import TimingCallback
-from project.toolkit.callbacks.timing_report import batch_size_of
-from project.toolkit.measure.summary import (
+from project.toolkit.timing.callback import TimingCallback
+from project.toolkit.timing.records import (
     EpochRecord,
     FitRecord,
     InferenceRecord,
@@ -32,6 +31,7 @@ from project.toolkit.measure.summary import (
     summarise_fit,
     summarise_inference,
 )
+from project.toolkit.timing.report import batch_size_of
 
 # The reference for each figure is how long the sleeps really lasted, timed where they happen: on a
 # busy machine a sleep can wake up late, and that is time the callback must count, not an error.
@@ -442,7 +442,7 @@ def test_test_latencies_come_from_event_pairs_read_once(tmp_path: Path) -> None:
 
 
 def test_sync_every_step_picks_a_clock_that_waits_at_every_mark() -> None:
-    from project.toolkit.measure.devices import CudaEventClock, HostClock, SyncingClock, device_clock
+    from project.toolkit.timing.clocks import CudaEventClock, HostClock, SyncingClock, device_clock
 
     assert type(device_clock(torch.device("cpu"))) is HostClock
     assert type(device_clock(torch.device("cuda", 0))) is CudaEventClock  # events: no host wait per step

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from project.toolkit.callbacks.guards import out_of_memory_message
-from project.toolkit.callbacks.timing_report import format_duration
+from project.toolkit.timing.report import format_duration
 
 
 def test_durations_read_as_a_person_says_them() -> None:

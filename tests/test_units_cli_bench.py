@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from project.toolkit.bench.chart import label
-from project.toolkit.bench.config import BenchConfig, _is_variants, strategy_options
 from project.toolkit.cli import unknown_command
 from project.toolkit.cli.checkpoint_settings import command_line_keys
 from project.toolkit.cli.messages import (
@@ -25,6 +23,8 @@ from project.toolkit.dotted import chosen_class, import_object, section_args
 from project.toolkit.errors import ProjectError
 from project.toolkit.host_memory import host_allocator
 from project.toolkit.training import SampleMean, WarmupCosine
+from project.tools.bench.chart import label
+from project.tools.bench.config import BenchConfig, _is_variants, strategy_options
 
 # jsonargparse's refusal of --data=x.Y (a class path naming no module) and of --data.size=big
 NO_SUCH_CLASS = (
@@ -150,7 +150,7 @@ def test_warmup_cosine_and_sample_mean() -> None:
 
 
 def test_a_mistyped_command_gets_the_nearest() -> None:
-    assert unknown_command("fitt") == (
+    assert unknown_command("fitt", "project.tools") == (
         "'fitt' is not a command; did you mean 'fit'? "
         "Commands: fit, validate, test, predict, bench, compare, plan, export"
     )

@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy, StrategyRegistry
 from torch import nn
 
+from project.toolkit.blocks import Block, as_blocks, check_covers, default_blocks, short_count
 from project.toolkit.data.augmentation import crop_and_flip, draw_crops_and_flips, rows_of, to_model_input
 from project.toolkit.data.datasets import AugmentedImages, ImageArrayDataset, IndexBatches
 from project.toolkit.data.declarations import check_declarations, declared_channel_stats
@@ -16,8 +17,6 @@ from project.toolkit.data.input_path import InputPath, Machine, choose_input_pat
 from project.toolkit.data.samplers import EpochIndex, EvenBatchSampler, KeyBatches, SliceBatches, TrainingSampler
 from project.toolkit.data.statistics import measure_channel_stats
 from project.toolkit.errors import ProjectError
-from project.toolkit.strategies import register_strategies
-from project.toolkit.strategies.blocks import Block, as_blocks, check_covers, default_blocks, short_count
 from project.toolkit.strategies.contract import check_module, module_view
 from project.toolkit.strategies.deepspeed import (
     check_deepspeed_choice,
@@ -28,6 +27,7 @@ from project.toolkit.strategies.deepspeed import (
 )
 from project.toolkit.strategies.dp import NetWithLoss, check_batch_splits_evenly, data_parallel
 from project.toolkit.strategies.fsdp import describe_units
+from project.toolkit.strategies.registry import register_strategies
 from project.toolkit.strategies.stages import named_starts
 
 

@@ -1,4 +1,4 @@
-"""The examples that were doctests of project/toolkit/measure and project/toolkit/plan: same inputs, same results."""
+"""The examples that were doctests of project/toolkit/timing and project/tools/plan: same inputs, same results."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import torch
 from torch import nn
 
-from project.toolkit.measure import anatomy
+from project.toolkit.timing import anatomy
 
 
 def test_anatomy_bookkeeping() -> None:
@@ -25,7 +25,8 @@ def test_anatomy_bookkeeping() -> None:
 
 
 def test_clocks_and_tensor_bytes() -> None:
-    from project.toolkit.measure.devices import HostClock, device_clock, tensor_bytes
+    from project.toolkit.helpers import tensor_bytes
+    from project.toolkit.timing.clocks import HostClock, device_clock
 
     clock = HostClock()
     start = clock.mark()
@@ -38,14 +39,14 @@ def test_clocks_and_tensor_bytes() -> None:
 
 
 def test_environment_records() -> None:
-    from project.toolkit.measure.environment import machine_description, run_environment
+    from project.toolkit.timing.environment import machine_description, run_environment
 
     assert "torch" in machine_description()
     assert sorted(run_environment())[:4] == ["cpu_cores", "cpu_model", "cuda", "cudnn"]
 
 
 def test_flops_and_peaks() -> None:
-    from project.toolkit.measure import flops
+    from project.toolkit.timing import flops
 
     net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 2 * 2, 5))
     assert flops.model_flops_per_sample(net, image_size=2) == {"train": 240, "inference": 120}
@@ -61,7 +62,7 @@ def test_flops_and_peaks() -> None:
 
 
 def test_measured_batches_leave_out_each_later_sizes_first_batch() -> None:
-    from project.toolkit.measure.summary import measured_batches
+    from project.toolkit.timing.records import measured_batches
 
     assert measured_batches([256, 256, 256, 16]) == [0, 1, 2]
     assert measured_batches([1, 1]) == [0, 1]
@@ -69,7 +70,7 @@ def test_measured_batches_leave_out_each_later_sizes_first_batch() -> None:
 
 
 def test_statistics() -> None:
-    from project.toolkit.measure.summary import after_warmup, clean, describe, nanmax
+    from project.toolkit.timing.records import after_warmup, clean, describe, nanmax
 
     described = {k: round(v, 3) for k, v in describe([1.0, 2.0, 3.0, 4.0]).items()}
     assert described == {"mean": 2.5, "std": 1.291, "p50": 2.5, "p90": 3.7, "p99": 3.97}
@@ -79,7 +80,8 @@ def test_statistics() -> None:
 
 
 def test_tables() -> None:
-    from project.toolkit.measure.tables import human_bytes, markdown_table, mean_std, number, text_table
+    from project.toolkit.helpers import human_bytes
+    from project.toolkit.timing.tables import markdown_table, mean_std, number, text_table
 
     numbers = number(1.23456, 2, " s"), number(None), number(float("nan"), missing="–"), number(0.257, 1, scale=100)
     assert numbers == ("1.23 s", "n/a", "–", "25.7")
@@ -90,7 +92,7 @@ def test_tables() -> None:
 
 
 def test_step_profile_line() -> None:
-    from project.toolkit.measure.step_profile import one_line
+    from project.toolkit.timing.step_profile import one_line
 
     busy = {"step_seconds": 0.0241, "device_idle_fraction": 0.38, "launches": 450.0, "host_syncs": 2.0}
     assert one_line(busy) == "step 24.1 ms: device busy 62 % (idle 38 %), 450 launches, 2.0 host syncs"
@@ -99,8 +101,9 @@ def test_step_profile_line() -> None:
 
 
 def test_summaries() -> None:
-    from project.toolkit.measure import summary
-    from project.toolkit.measure.summary import EpochRecord
+    from project.toolkit.timing import records as summary
+    from project.toolkit.timing.records import EpochRecord
+    from project.toolkit.timing.table import work_text
 
     mine = EpochRecord(1.0, 8, 0.1, 0.0)
     assert summary.gather_records(mine, [(-1, 900.0)], 1, None, torch.device("cpu"), 1) == [(mine, [(-1, 900.0)])]
@@ -112,29 +115,20 @@ def test_summaries() -> None:
     records = [EpochRecord(2.0, 100, 0.2, 0.5), EpochRecord(2.5, 100, 0.1, 0.4)]
     assert summary.summarise_epoch(3, records)["samples_per_second"] == 80.0
     assert summary.summarise_epoch(3, records, 2)["samples_per_second"] == 40.0
-    works = summary._work(12.345, 0.41), summary._work(0.00512, None), summary._work(None, None)
+    works = work_text(12.345, 0.41), work_text(0.00512, None), work_text(None, None)
     assert works == ("12.3 TFLOP/s (MFU 41.0 %)", "5.12 GFLOP/s", "n/a")
 
 
-def test_describe_replay() -> None:
-    from project.toolkit.plan import Replayed, describe_replay
-
-    line = describe_replay(Replayed(0.01, 0.1, 2.5, "replayed here"))
-    assert line.startswith("ddp's communication 0.010 s and fsdp's 0.100 s") and line.endswith("(replayed here)")
-
-
-def test_balanced_starts_and_sharing_factor() -> None:
-    from project.toolkit.plan.cores import sharing_factor
-    from project.toolkit.plan.formulas import balanced_starts
+def test_balanced_starts() -> None:
+    from project.toolkit.strategies.balance import balanced_starts
 
     assert balanced_starts([1, 1, 1, 1], 2) == [2]
     assert balanced_starts([3, 1, 1, 1], 2) == [1]
     assert balanced_starts([1, 2, 3, 4, 5], 3) == [3, 4]
-    assert (sharing_factor(1.0, [2.0, 1.8]), sharing_factor(1.0, [0.9, 0.95])) == (1.9, 1.0)
 
 
 def test_block_seconds_of_a_small_net() -> None:
-    from project.toolkit.plan.block_times import block_seconds
+    from project.tools.plan.block_times import block_seconds
 
     net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     times = block_seconds(list(net), torch.randn(8, 4), lambda x: x, clock=time.perf_counter)
@@ -143,13 +137,12 @@ def test_block_seconds_of_a_small_net() -> None:
 
 
 def test_plan_formulas() -> None:
-    from project.toolkit.plan import formulas as f
-    from project.toolkit.plan.inputs import Link
+    from project.tools.plan import formulas as f
+    from project.tools.plan.inputs import Link
 
     assert f.ring_all_reduce_seconds(100e6, 4, Link(0.0, 1e9, "given")) == 0.15
     assert f.all_gather_seconds(100e6, 4, Link(0.0, 1e9, "given")) == 0.075
     assert f.broadcast_seconds(1e6, 8, Link(1e-5, 1e9, "given")) == 0.00103
-    assert (f.gpipe_bubble(2, 4), f.gpipe_bubble(4, 16)) == (0.2, 0.15789473684210525)
     assert [b / f.MIB for b in f.ddp_buckets(60 * f.MIB)] == [1.0, 25.0, 25.0, 9.0]
     link = Link(0.0, 1e9, "given")
     assert round(f.ddp_exposed_seconds([50e6, 50e6], backward=0.1, world=2, link=link), 6) == 0.05  # 0.05 s each
@@ -165,45 +158,35 @@ def test_plan_formulas() -> None:
     assert f.gpipe_shared_seconds([1, 1], [2, 2], 2, 0.0, 2.0) == (12.0, [9.0, 9.0])
 
 
-def test_what_the_plan_measures_here() -> None:
-    from project.toolkit.plan import (
-        Link,
-        Measured,
-        Target,
-        core_slowdown,
-        replay_here,
-        stand_in_work,
-        threads_per_process,
-    )
+def test_how_much_slower_each_device_computes() -> None:
+    from project.tools.plan import Measured, core_slowdown, link_from, threads_per_process
 
     run = Measured("cpu", 1, 32, 0, 0, 0, 0, 0, 1, 0, 0, 0, None, threads=2, cores=2)
     one_thread = Measured(**{**run.__dict__, "threads": 1})
-    assert (core_slowdown(run, "auto", 2), core_slowdown(one_thread, "auto", 2, sharing=1.8)) == (2.0, 1.8)
+    # 2 threads on 2 cores, then 1 each: twice as slow; a run of 1 thread already ran as each process will
+    assert (core_slowdown(run, "auto", 2), core_slowdown(one_thread, "auto", 2)) == (2.0, 1.0)
+    assert (core_slowdown(run, "yes", 2, nodes=2), core_slowdown(run, "no", 2)) == (4.0, 1.0)
+    assert core_slowdown(run, "auto", 2, nodes=2) == 1.0  # a node each: cores of their own
+    assert core_slowdown(Measured(**{**run.__dict__, "accelerator": "cuda"}), "auto", 2) == 1.0
+    assert core_slowdown(Measured(**{**run.__dict__, "threads": None}), "auto", 3) == 3.0  # unknown: N x
     assert threads_per_process(Measured("cpu", 1, 32, 0, 0, 0, 0, 0, 1, 0, 0, 0, None, cores=16), 4) == 4
-    times = {"batch_sizes": [32, 8], "forward": [[0.2, 0.2], [0.05, 0.05]], "backward": [[0.4, 0.4], [0.1, 0.1]]}
-    units = [["a", 1, 1, 10], ["b", 1, 1, 20]]
-    run = Measured("cpu", 1, 32, 0, 0.4, 0.8, 0, 0, 1, 0, 0, 0, None, units=units, block_seconds=times)
-    work = stand_in_work(run, Target(2, slowdown=2.0))
-    assert [tuple(round(x, 3) for x in w) for w in work] == [(0.2, 0.4, 160.0), (0.2, 0.4, 320.0)]
-    gpu = Measured("cuda", 1, 32, 0, 0.4, 0.8, 0, 0, 1, 0, 0, 0, None, parameter_numels={"units": [], "rest": []})
-    assert replay_here(gpu, Target(2), Link(1e-4, 2e9, "measured", here=True)) is None  # a GPU run: the formulas
+    link = link_from(8.0, 20.0)  # given: nothing measured
+    assert (link.bandwidth, round(link.latency * 1e6, 9), link.source) == (1e9, 20.0, "given: 8 Gbit/s")
 
 
 def test_fit_ring_and_network_profile() -> None:
-    from project.toolkit.plan.link import fit_ring
-    from project.toolkit.plan.network import network_profile
+    from project.toolkit.timing.network import network_profile
+    from project.tools.plan.link import fit_ring
 
     latency, bandwidth = fit_ring({1000: 2e-4 + 1000 / 1e9, 10**6: 2e-4 + 10**6 / 1e9, 10**7: 2e-4 + 0.01}, 2)
     assert (round(latency * 1e6), round(bandwidth / 1e9, 3)) == (100, 1.0)
     profile = network_profile(nn.Sequential(nn.Flatten(), nn.Linear(12, 5)), image_size=2)
     assert (profile["parameters"], profile["parameter_bytes"]) == (65, 260)
     assert profile["units"] == [["0", 0, 0, 48], ["1", 120, 65, 20]]
-    assert profile["parameter_numels"] == {"units": [[], [60, 5]], "rest": []}
 
 
 def test_predictions() -> None:
-    from project.toolkit.plan import Measured, Prediction, scaling_efficiency, share_seconds
-    from project.toolkit.plan.replay import UnitWork, rewrites
+    from project.tools.plan import Measured, Prediction, scaling_efficiency, share_seconds
 
     times = {"batch_sizes": [32, 8], "forward": [[0.4], [0.16]], "backward": [[0.8], [0.32]]}
     run = Measured("cpu", 1, 32, 0, 0.4, 0.8, 0, 0, 1, 0, 0, 0, None, units=[["a", 1, 1, 1]], block_seconds=times)
@@ -212,4 +195,3 @@ def test_predictions() -> None:
     assert share_seconds(untimed, 0.5) == (0.2, 0.4)
     single = Measured("cuda", 1, 32, 0, 0.25, 0.5, 0.25, 0, 1, 0, 0, 0, None)
     assert scaling_efficiency(Prediction("ddp", 4, {"compute": 1.25}, 128, []), single) == 0.8
-    assert rewrites(UnitWork(0.01, 0.02, 4096), 0.004) == (2, 5)

@@ -11,8 +11,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from project.toolkit.errors import ProjectError
-from project.toolkit.measure.devices import tensor_bytes
-from project.toolkit.measure.tables import human_bytes
+from project.toolkit.helpers import human_bytes, tensor_bytes
 
 # torch's file writer reports a short write (a full disk) as a RuntimeError of its own, not as the OSError.
 WRITER_FAILURES = ("inline_container", "PytorchStreamWriter", "file write failed")

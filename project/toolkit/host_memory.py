@@ -1,14 +1,11 @@
 """CPU runs: glibc's allocator told (``mallopt``) to reuse freed memory instead of unmapping it and faulting its pages
 in afresh every step (``benchmarks/results/perf/host_memory.md``); the process keeps its peak memory. glibc only.
-:class:`HostMemoryReuse` is the default callback that sets it."""
+The default callback that sets it: :class:`project.toolkit.callbacks.memory_reuse.HostMemoryReuse`."""
 
 from __future__ import annotations
 
 import ctypes
 import platform
-
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.accelerators import CPUAccelerator
 
 MIB = 2**20
 
@@ -38,22 +35,3 @@ def keep_freed_host_memory(trim_threshold_mb: int) -> str | None:
 def host_allocator() -> str:
     """How this process allocates host memory, for a run's record."""
     return _applied or ("defaults of glibc" if platform.libc_ver()[0] == "glibc" else "defaults of the C library")
-
-
-class HostMemoryReuse(Callback):
-    """On a CPU run, glibc's allocator keeps freed memory for the next tensor instead of giving it back to the kernel
-    and faulting it in again (faster steps; the peak stays held to the end); accelerator runs are left alone.
-
-    Args:
-        trim_threshold_mb: Free memory (MiB) the process keeps before giving some back to the kernel.
-    """
-
-    def __init__(self, trim_threshold_mb: int = DEFAULT_TRIM_THRESHOLD_MB) -> None:
-        if trim_threshold_mb < 0:
-            raise ValueError(f"host_memory_reuse.trim_threshold_mb={trim_threshold_mb}: use 0 or more (MiB)")
-        self.trim_threshold_mb = trim_threshold_mb
-
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # Before the first step, in every process of the run (each one calls setup).
-        if isinstance(trainer.accelerator, CPUAccelerator):
-            keep_freed_host_memory(self.trim_threshold_mb)

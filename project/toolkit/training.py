@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch import LightningModule
 from torchmetrics import MeanMetric
 
+from project.toolkit.interfaces import data_settings, image_data
 from project.toolkit.log import get_logger
 
 log = get_logger(__name__)
@@ -64,11 +65,11 @@ def log_step_values(module: LightningModule, outputs: Any) -> None:
 def lr_for_batch(lr: float, default_lr: float, trainer: Any) -> float:
     """``lr``; where it is ``default_lr`` and the data module lowered its default batch (a small data set), scaled with
     the batch (the linear scaling rule), said in one line."""
-    data = getattr(trainer, "datamodule", None)
-    lowered_from = getattr(data, "batch_lowered_from", None)
+    data = image_data(trainer)
+    lowered_from = data.batch_lowered_from if data is not None else None
     if not lowered_from or lr != default_lr:
         return lr
-    batch = data.hparams.batch_size
+    batch = data_settings(trainer)["batch_size"]
     scaled = lr * batch / lowered_from
     log.warning(
         "model.lr=%g (the default, for data.batch_size=%d) is scaled to %.3g for the lowered batch of %d; "

@@ -6,14 +6,14 @@ from lightning.pytorch import Callback
 
 from project.toolkit.callbacks.checkpoints import Checkpoints
 from project.toolkit.callbacks.guards import Guards
+from project.toolkit.callbacks.memory_reuse import HostMemoryReuse
 from project.toolkit.callbacks.precise_bn import PreciseBatchNorm
 from project.toolkit.callbacks.predictions import PredictionWriter
 from project.toolkit.callbacks.progress import ProgressBar
 from project.toolkit.callbacks.reproducibility import ReseedEveryEpoch
 from project.toolkit.callbacks.run_summary import RunSummary
-from project.toolkit.callbacks.timing import TimingCallback
 from project.toolkit.callbacks.views import TensorBoardViews
-from project.toolkit.host_memory import HostMemoryReuse
+from project.toolkit.timing.callback import TimingCallback
 
 # By the name of their options (--timing.*) and of their switch (--callbacks.timing=false).
 DEFAULT_CALLBACKS: dict[str, type[Callback]] = {

@@ -18,11 +18,11 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from project.toolkit.callbacks.run_summary import shown_path
+from project.toolkit.callbacks.checkpoints import Checkpoints
 from project.toolkit.dotted import section_args
 from project.toolkit.errors import ProjectError
+from project.toolkit.helpers import human_bytes, shown_path
 from project.toolkit.log import get_logger
-from project.toolkit.measure.tables import human_bytes
 from project.toolkit.training import logging_step
 
 log = get_logger(__name__)
@@ -119,7 +119,7 @@ class Guards(Callback):
         last = Path(checkpoint.dirpath) / f"{checkpoint.CHECKPOINT_NAME_LAST}{checkpoint.FILE_EXTENSION}"
         if not last.is_file():
             return "Nothing was saved yet: run the same command again to start over"
-        step = getattr(checkpoint, "saved_step", None)
+        step = checkpoint.saved_step if isinstance(checkpoint, Checkpoints) else None
         at = f" (step {step})" if step is not None else ""
         return f"Saved: {shown_path(last)}{at}; resume with the same command and --ckpt_path=last"
 

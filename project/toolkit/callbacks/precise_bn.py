@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import move_data_to_device
 from torch import nn
 
 from project.toolkit.errors import ProjectError
+from project.toolkit.interfaces import image_data, layout_of
 from project.toolkit.log import get_logger
 
 log = get_logger(__name__)
@@ -52,10 +53,10 @@ class PreciseBatchNorm(Callback):
         steps, self.seconds, self._done_at = trainer.num_training_batches, [], None
         on = self.enabled is True or (self.enabled == AUTO and steps <= self.auto_max_batches)
         layers = [m for m in pl_module.modules() if isinstance(m, BATCH_NORMS) and m.track_running_stats]
-        if on and getattr(trainer.strategy, "sample_copies", 1) > 1:  # pipeline: each process holds some stages
+        if on and layout_of(trainer.strategy).sample_copies > 1:  # pipeline: each process holds some stages
             log.info("precise BatchNorm statistics: not under %s", type(trainer.strategy).__name__)
             on = False
-        if on and not hasattr(trainer.datamodule, "training_batches"):
+        if on and image_data(trainer) is None:
             log.info("precise BatchNorm statistics: not with %s (no training_batches)", type(trainer.datamodule))
             on = False
         self.active = on and bool(layers)
@@ -92,7 +93,7 @@ class PreciseBatchNorm(Callback):
             layer.momentum = None  # a cumulative average of the batches' statistics
             layer.train()
         count = 0
-        batches = trainer.datamodule.training_batches(trainer.current_epoch)
+        batches = image_data(trainer).training_batches(trainer.current_epoch)
         with torch.no_grad(), trainer.precision_plugin.forward_context():
             for batch in batches:
                 images = move_data_to_device(batch[0], trainer.strategy.root_device)  # no batch hooks: made already

@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from project.toolkit.data.samplers import SliceBatches
 from project.toolkit.errors import ProjectError
+from project.toolkit.interfaces import image_data
 from project.toolkit.log import get_logger
 
 log = get_logger(__name__)
@@ -63,8 +64,8 @@ class PredictionWriter(BasePredictionWriter):
             pairs = [pair for shard in shards for pair in shard]
         if trainer.global_rank != 0 or trainer.log_dir is None:
             return
-        names = getattr(trainer.datamodule, "label_names", None)
-        files = getattr(trainer.datamodule, "predict_names", None)
+        data = image_data(trainer)
+        names, files = (data.label_names, data.predict_names) if data is not None else (None, None)
         path = Path(trainer.log_dir) / self.filename
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w", newline="") as f:

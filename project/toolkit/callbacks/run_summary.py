@@ -12,17 +12,10 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 
+from project.toolkit.helpers import shown_path
+
 # The epoch metrics the model logs (project/model.py), in the order they are shown.
 SHOWN_METRICS = [f"{stage}/{name}" for stage in ("train", "val", "test") for name in ("loss", "acc")]
-
-
-def shown_path(path: str | Path) -> str:
-    """``path`` relative to the working directory when it lies inside it (shorter to read and paste), else absolute."""
-    absolute = Path(path).absolute()
-    try:
-        return str(absolute.relative_to(Path.cwd()))
-    except ValueError:
-        return str(absolute)
 
 
 class RunSummary(Callback):

@@ -11,9 +11,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from project.toolkit.callbacks.group import find_callback
-from project.toolkit.callbacks.timing import TimingCallback
-from project.toolkit.callbacks.timing_report import run_description
-from project.toolkit.data.datamodule import data_settings
+from project.toolkit.interfaces import data_settings
+from project.toolkit.timing.callback import TimingCallback
+from project.toolkit.timing.report import run_description
 
 # Category title -> chart title -> the tags (regular expressions) it overlays.
 LAYOUT: dict[str, dict[str, list[str]]] = {

@@ -18,10 +18,9 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from project.toolkit.dotted import chosen_class
 from project.toolkit.errors import ProjectError
+from project.toolkit.helpers import human_bytes, usable_cores
 from project.toolkit.log import get_logger
-from project.toolkit.measure.environment import usable_cores
-from project.toolkit.measure.tables import human_bytes
-from project.toolkit.strategies import COMMON_STRATEGIES
+from project.toolkit.strategies.registry import COMMON_STRATEGIES
 
 log = get_logger(__name__)
 

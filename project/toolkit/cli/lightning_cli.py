@@ -27,9 +27,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.toolkit.callbacks import CHECKPOINT_DEFAULTS, DEFAULT_CALLBACKS, GROUPED, left_out_of
 from project.toolkit.callbacks.checkpoints import Checkpoints, check_checkpoint_file, find_checkpoint
+from project.toolkit.callbacks.flops_summary import with_flops
 from project.toolkit.callbacks.group import find_callback, grouped
 from project.toolkit.callbacks.guards import Guards, out_of_memory_message
-from project.toolkit.callbacks.model_summary import with_flops
 from project.toolkit.cli import checks, messages
 from project.toolkit.cli.checkpoint_settings import adopt_checkpoint_settings, adopt_data_set, check_classes
 from project.toolkit.cli.process_exit import leave_gloo_process_group
@@ -38,7 +38,8 @@ from project.toolkit.cli.run_settings import callbacks_switched_off, derive_sett
 from project.toolkit.dotted import import_object, section_args
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger, silence_known_noise
-from project.toolkit.strategies import COMMON_STRATEGIES, deepspeed, register_strategies
+from project.toolkit.strategies import deepspeed
+from project.toolkit.strategies.registry import COMMON_STRATEGIES, register_strategies
 
 log = get_logger(__name__)
 

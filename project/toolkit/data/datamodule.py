@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -34,8 +34,9 @@ from project.toolkit.data.input_path import AUTO, InputPath, choose_input_path, 
 from project.toolkit.data.samplers import EvenBatchSampler, KeyBatches, SliceBatches, TrainingSampler
 from project.toolkit.data.statistics import ChannelStats, measure_channel_stats
 from project.toolkit.errors import DataError
+from project.toolkit.helpers import usable_cores
+from project.toolkit.interfaces import layout_of
 from project.toolkit.log import get_logger
-from project.toolkit.measure.environment import usable_cores
 
 log = get_logger(__name__)
 
@@ -148,7 +149,7 @@ class ImageArrayDataModule(LightningDataModule):
         """``(replicas, this process's replica)``: how the batches are dealt out."""
         if self.trainer is None:
             return 1, 0
-        copies = getattr(self.trainer.strategy, "sample_copies", 1)
+        copies = layout_of(self.trainer.strategy).sample_copies
         return self.trainer.world_size // copies, self.trainer.global_rank // copies
 
     @property
@@ -388,13 +389,3 @@ def _run_seed() -> int:
 def _take(images: Any, indices: np.ndarray) -> Any:
     """``images[indices]``: rows of an array, or a subset of files (not decoded)."""
     return images[indices] if isinstance(images, np.ndarray) else images.subset(indices)
-
-
-def image_channels(trainer: Any) -> int:
-    """Channels of the images ``trainer``'s data module gives (its ``in_channels``); 3 where it does not say."""
-    return int(getattr(trainer.datamodule, "in_channels", 3)) if trainer.datamodule is not None else 3
-
-
-def data_settings(trainer: Any) -> Mapping[str, Any]:
-    """The hparams of ``trainer``'s data module (``image_size``, ``batch_size``, ...); empty without one."""
-    return getattr(trainer.datamodule, "hparams", {}) if trainer.datamodule is not None else {}

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import torch
 
-from project.toolkit.measure.environment import usable_cores
+from project.toolkit.helpers import usable_cores
 
 AUTO: Literal["auto"] = "auto"
 MEMORY_SHARE = 0.25  # of the device's memory (a CPU run: RAM per process) on_device=auto may fill

@@ -14,10 +14,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from project.toolkit.blocks import Block, module_blocks, short_count
 from project.toolkit.compat import shard_over_every_process
 from project.toolkit.errors import ProjectError
+from project.toolkit.interfaces import StrategyLayout
 from project.toolkit.log import get_logger
-from project.toolkit.strategies.blocks import Block, module_blocks, short_count
 from project.toolkit.strategies.contract import check_module
 
 log = get_logger(__name__)
@@ -102,6 +103,9 @@ class FullyShardedStrategy(ModelParallelStrategy):
     def __init__(self, save_distributed_checkpoint: bool = False) -> None:
         super().__init__(tensor_parallel_size=1, save_distributed_checkpoint=save_distributed_checkpoint)
         self.parallel_plan: dict[str, Any] | None = None  # the FSDP units, for timing.json
+
+    def layout(self) -> StrategyLayout:
+        return StrategyLayout(parallel_plan=self.parallel_plan)
 
     def setup_environment(self) -> None:
         shard_over_every_process(self)  # ModelParallelStrategy's "auto" would shard across nodes only

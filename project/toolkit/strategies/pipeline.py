@@ -16,13 +16,13 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.optim import Optimizer
 
-from project.toolkit.data.datamodule import data_settings, image_channels
+from project.toolkit.blocks import Block, check_covers, module_blocks, short_count
 from project.toolkit.errors import ProjectError
+from project.toolkit.interfaces import StrategyLayout, data_settings, image_channels
 from project.toolkit.log import get_logger
-from project.toolkit.measure.bubble import BubbleMeter
-from project.toolkit.strategies.blocks import Block, check_covers, module_blocks, short_count
 from project.toolkit.strategies.contract import StepsThroughView, check_module, module_view
 from project.toolkit.strategies.stages import block_costs, build_stage, plan_split, release_other_stages
+from project.toolkit.timing.bubble import BubbleMeter
 
 log = get_logger(__name__)
 
@@ -98,23 +98,13 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
         """Every stage reads the whole global batch: one data-parallel replica."""
         return {"num_replicas": 1, "rank": 0}
 
-    @property
-    def sample_copies(self) -> int:
-        """How many processes see each sample (the timing callback counts it once)."""
-        return self.world_size
+    def layout(self) -> StrategyLayout:
+        """Every process sees every sample; the stages, and once fit set it up, this rank's bubble meter."""
+        return StrategyLayout(sample_copies=self.world_size, parallel_plan=self.parallel_plan, bubble=self._meter)
 
     @property
     def is_last(self) -> bool:
         return self.global_rank == self.world_size - 1
-
-    @property
-    def bubble_meter(self) -> BubbleMeter | None:
-        """The meter of this rank's schedule, once fit set it up."""
-        return self._meter
-
-    def bubble_fraction(self, scope: str = "epoch") -> float | None:
-        """This rank's measured bubble over the epoch (or ``fit``); see :class:`BubbleMeter`."""
-        return self._meter.fraction(scope) if self._meter is not None else None
 
     def setup(self, trainer: pl.Trainer) -> None:
         self.accelerator.setup(trainer)

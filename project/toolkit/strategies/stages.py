@@ -8,10 +8,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from project.toolkit.blocks import Block
 from project.toolkit.errors import ProjectError
-from project.toolkit.measure.flops import forward_flops_by_module
-from project.toolkit.plan.formulas import balanced_starts
-from project.toolkit.strategies.blocks import Block
+from project.toolkit.strategies.balance import balanced_starts
+from project.toolkit.timing.flops import forward_flops_by_module
 
 Prepare = Callable[[torch.Tensor], torch.Tensor]  # what puts a stage's input in the network's form
 

@@ -1,1 +1,0 @@
-"""The one measuring core, shared by the timing callback, ``bench`` and the benchmarks."""
