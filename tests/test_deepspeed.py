@@ -1,16 +1,15 @@
-"""DeepSpeed: the refusals, and its checkpoint folders on a single device (:mod:`project.toolkit.strategies.deepspeed`).
+"""DeepSpeed: the refusals, and its checkpoint folders outside DeepSpeed (:mod:`project.toolkit.strategies.deepspeed`).
 
 What needs DeepSpeed itself (a CUDA GPU and the deepspeed package) is not run here: training under it, the
 folder it writes, and Lightning's conversion of that folder. Those run in ``python -m benchmarks.gpu_check``.
-Here the folder layout is written by hand and the conversion is replaced by a stand-in, so everything of
-this template's own around them is exercised.
+Here the folder layout is written by hand, so everything of this template's own around them is exercised.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import time
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,12 +21,10 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, StrategyRegistry
 from project.toolkit.errors import ProjectError
 from project.toolkit.strategies import deepspeed
 from project.toolkit.strategies.deepspeed import (
+    check_deepspeed_checkpoint,
     check_deepspeed_choice,
-    consolidated_path,
     is_deepspeed_checkpoint,
     is_deepspeed_strategy,
-    resolve_deepspeed_checkpoint,
-    single_device_checkpoint,
 )
 
 CUDA_ONLY = "DeepSpeed runs on CUDA GPUs only (Lightning's DeepSpeedStrategy)"
@@ -182,94 +179,34 @@ def test_what_is_not_a_deepspeed_folder(tmp_path: Path) -> None:
     assert not is_deepspeed_checkpoint(empty_tag)
 
 
-def test_a_plain_file_passes_through(tmp_path: Path) -> None:
-    plain = tmp_path / "last.ckpt"
-    torch.save({"state_dict": {}}, plain)
-    assert single_device_checkpoint(plain) == str(plain)
-    assert single_device_checkpoint(str(plain)) == str(plain)
-    assert single_device_checkpoint("no/such/file.ckpt") == "no/such/file.ckpt"  # checked elsewhere, with its message
-
-
-def test_the_consolidated_file_lies_beside_the_folder(tmp_path: Path) -> None:
-    assert consolidated_path(tmp_path / "last.ckpt") == tmp_path / "last.consolidated.ckpt"
-    assert consolidated_path(tmp_path / "epoch003-val_acc0.5.ckpt").name == "epoch003-val_acc0.5.consolidated.ckpt"
-
-
-@pytest.mark.usefixtures("not_installed")
-def test_a_fresh_consolidated_file_is_reused_without_deepspeed(tmp_path: Path) -> None:
+def test_a_folder_is_read_by_deepspeed_alone_and_the_converter_named(tmp_path: Path) -> None:
     folder = fake_deepspeed_folder(tmp_path / "last.ckpt")
-    made = consolidated_path(folder)
-    torch.save({"state_dict": {}}, made)
-    later = time.time() + 10
-    os.utime(made, (later, later))
-    assert single_device_checkpoint(folder) == str(made)
-
-
-@pytest.mark.usefixtures("not_installed")
-def test_consolidating_without_deepspeed_says_how_to_install_it(tmp_path: Path) -> None:
-    folder = fake_deepspeed_folder(tmp_path / "last.ckpt")
-    made = consolidated_path(folder)
-    torch.save({"state_dict": {}}, made)
-    earlier = time.time() - 100  # older than the folder: last.ckpt was saved again since
-    os.utime(made, (earlier, earlier))
-    with pytest.raises(ProjectError, match=r"DeepSpeed checkpoint folder.*pip install -e '\.\[deepspeed\]'$"):
-        single_device_checkpoint(folder)
-
-
-@pytest.fixture
-def converter(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, Path]]:
-    """Lightning's converter replaced by a stand-in that returns what it would (its client state, with some
-    of DeepSpeed's engine keys Lightning leaves in) and writes it, as it does, to the output file."""
-    import lightning.pytorch.utilities.deepspeed as lightning_deepspeed
-
-    calls: list[tuple[Path, Path]] = []
-
-    def convert(checkpoint_dir: Path, output_file: Path, tag: str | None = None) -> dict:
-        calls.append((Path(checkpoint_dir), Path(output_file)))
-        state = {
-            "epoch": 1,
-            "global_step": 20,
-            "state_dict": {"net.weight": torch.ones(2)},
-            "hyper_parameters": {"arch": "mobilenet_v2"},
-            "ds_config": {"zero_optimization": {"stage": 2}},
-            "ds_version": "0.16.0",
-            "param_shapes": [{"net.weight": torch.Size([2])}],
-            "buffer_names": [],
-        }
-        torch.save(state, output_file)
-        return state
-
-    monkeypatch.setattr(lightning_deepspeed, "convert_zero_checkpoint_to_fp32_state_dict", convert)
-    monkeypatch.setattr(deepspeed, "_deepspeed_installed", lambda: True)
-    return calls
-
-
-def test_consolidation_makes_one_plain_lightning_file_once(tmp_path: Path, converter: list) -> None:
-    folder = fake_deepspeed_folder(tmp_path / "last.ckpt")
-    path = single_device_checkpoint(folder)
-    assert path == str(tmp_path / "last.consolidated.ckpt")
-    (source, written), *_ = converter
-    assert source == folder and written.parent == tmp_path and written.name.startswith(".last.consolidated.ckpt")
-    checkpoint = torch.load(path, weights_only=True)  # as LightningCLI reads hyperparameters
-    assert set(checkpoint) == {"epoch", "global_step", "state_dict", "hyper_parameters"}
-    assert torch.equal(checkpoint["state_dict"]["net.weight"], torch.ones(2))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "last.consolidated.ckpt"]  # no partial file
-    assert single_device_checkpoint(folder) == path
-    assert len(converter) == 1  # made once
-
-
-def test_resolving_for_a_run(tmp_path: Path, converter: list) -> None:
-    folder = fake_deepspeed_folder(tmp_path / "last.ckpt")
-    assert resolve_deepspeed_checkpoint(folder, "deepspeed_stage_2", "fit") == str(folder)  # DeepSpeed resumes
-    assert resolve_deepspeed_checkpoint(folder, "deepspeed_stage_2", "test") == str(folder)
-    with pytest.raises(ProjectError, match=r"resume it with the DeepSpeed strategy") as caught:
-        resolve_deepspeed_checkpoint(folder, "auto", "fit")
-    assert "\n" not in str(caught.value)
-    assert converter == []
-    assert resolve_deepspeed_checkpoint(folder, "auto", "test") == str(consolidated_path(folder))
-    assert resolve_deepspeed_checkpoint(folder, "ddp", "predict") == str(consolidated_path(folder))
+    check_deepspeed_checkpoint(folder, "deepspeed_stage_2")  # DeepSpeed resumes and tests it
+    for strategy in ("auto", "ddp", None):
+        with pytest.raises(ProjectError, match=r"is a DeepSpeed checkpoint folder.*convert_zero_checkpoint") as caught:
+            check_deepspeed_checkpoint(folder, strategy)
+        assert "\n" not in str(caught.value)
     plain = tmp_path / "plain.ckpt"
-    assert resolve_deepspeed_checkpoint(plain, "auto", "fit") == str(plain)
+    torch.save({"state_dict": {}}, plain)
+    check_deepspeed_checkpoint(plain, "auto")  # a file: checked elsewhere
+
+
+def test_the_named_converter_makes_one_file_of_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command the refusal names runs Lightning's converter on the folder (a stand-in here: it needs deepspeed)."""
+    folder = fake_deepspeed_folder(tmp_path / "last.ckpt")
+    with pytest.raises(ProjectError) as caught:
+        check_deepspeed_checkpoint(folder, "auto")
+    command = str(caught.value).split("converter: ", 1)[1]
+    stand_in = tmp_path / "site" / "lightning" / "pytorch" / "utilities"
+    stand_in.mkdir(parents=True)
+    for package in (stand_in.parent.parent, stand_in.parent, stand_in):
+        (package / "__init__.py").write_text("")
+    (stand_in / "deepspeed.py").write_text(
+        "def convert_zero_checkpoint_to_fp32_state_dict(folder, output):\n    open(output, 'w').write(folder)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    subprocess.run(command.replace("python ", f"{sys.executable} ", 1), shell=True, check=True)
+    assert (tmp_path / "last.ckpt.fp32").read_text() == str(folder)
 
 
 @pytest.mark.parametrize("strategy", ["deepspeed_stage_2", "deepspeed_stage_3"])

@@ -17,7 +17,7 @@ from torch import nn
 from project.toolkit.callbacks.checkpoints import check_checkpoint_file, find_checkpoint
 from project.toolkit.dotted import import_object
 from project.toolkit.errors import OneLineParser, ProjectError, exit_on_project_error
-from project.toolkit.strategies.deepspeed import single_device_checkpoint
+from project.toolkit.strategies.deepspeed import check_deepspeed_checkpoint
 
 STATE_KEYS = {"mean", "std", "label_names"}  # the data module's entry in a checkpoint (its state_dict)
 EXPORT_HELP = "A checkpoint as one graph: uint8 images (N, C, H, W), 0-255, of any size in; the logits out."
@@ -63,7 +63,8 @@ def export(ckpt_path: str, fmt: str, out: Path, logs: Path, model: str = "") -> 
         raise ProjectError(f"--out {out}: cannot write into {folder}; give a file in a folder you can write to")
     if fmt == "onnx" and not all(importlib.util.find_spec(name) for name in ("onnx", "onnxscript")):
         raise ProjectError("--format=onnx needs the onnx and onnxscript packages: pip install -e '.[export]'")
-    path = single_device_checkpoint(find_checkpoint(ckpt_path, logs) if ckpt_path in ("last", "best") else ckpt_path)
+    path = find_checkpoint(ckpt_path, logs) if ckpt_path in ("last", "best") else ckpt_path
+    check_deepspeed_checkpoint(path, strategy=None)
     checkpoint = check_checkpoint_file(path) or {}
     state = next((v for v in checkpoint.values() if isinstance(v, dict) and STATE_KEYS <= v.keys()), {})
     size = checkpoint.get("datamodule_hyper_parameters", {}).get("image_size")

@@ -20,7 +20,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from project.toolkit.checkpoint_io import AtomicCheckpointIO
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
-from project.toolkit.strategies.deepspeed import single_device_checkpoint
+from project.toolkit.strategies.deepspeed import is_deepspeed_checkpoint
 
 __all__ = ["AtomicCheckpointIO", "Checkpoints", "check_checkpoint_file", "find_checkpoint"]
 
@@ -192,7 +192,9 @@ def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False) -> st
     if which == "last":
         log.info("--ckpt_path=last: %s", last)
         return str(last)
-    state = torch.load(single_device_checkpoint(last), map_location="cpu", weights_only=False).get("callbacks", {})
+    if is_deepspeed_checkpoint(last):
+        raise ProjectError(f"--ckpt_path=best: {last} is a DeepSpeed checkpoint folder; pass the checkpoint you want")
+    state = torch.load(last, map_location="cpu", weights_only=False).get("callbacks", {})
     best = next((s["best_model_path"] for s in state.values() if isinstance(s, dict) and "best_model_path" in s), None)
     if best == "":  # ranked nothing: a run without validation (data.val_size=0) keeps last.ckpt only
         log.warning("--ckpt_path=best: the run of %s ranked no checkpoint (no validation); using its last.ckpt", last)

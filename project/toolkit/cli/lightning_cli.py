@@ -100,9 +100,7 @@ class ProjectCLI(LightningCLI):
             config.ckpt_path = find_checkpoint(value, runs_root(config.trainer), allow_none=subcommand == "fit")
         if config.ckpt_path in (None, "hpc"):
             return
-        # A DeepSpeed folder: kept for a DeepSpeed run, consolidated into one file for one device.
-        strategy = config.trainer.get("strategy")
-        config.ckpt_path = deepspeed.resolve_deepspeed_checkpoint(config.ckpt_path, strategy, subcommand)
+        deepspeed.check_deepspeed_checkpoint(config.ckpt_path, config.trainer.get("strategy"))  # DeepSpeed reads it
         if not deepspeed.is_deepspeed_checkpoint(config.ckpt_path):
             checkpoint = check_checkpoint_file(config.ckpt_path)
             if checkpoint is not None:  # a file: the data set and settings it was trained with, against the options

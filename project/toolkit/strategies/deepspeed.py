@@ -1,10 +1,9 @@
-"""Lightning's DeepSpeed strategies: refused in one line off CUDA GPUs or without ``deepspeed``; their checkpoint
-folders consolidated into one file beside them for a single device. ``python -m benchmarks.gpu_check`` runs them."""
+"""Lightning's DeepSpeed strategies: refused in one line off CUDA GPUs or without ``deepspeed``, and their checkpoint
+folders outside DeepSpeed, with Lightning's converter named. ``python -m benchmarks.gpu_check`` runs them."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -12,20 +11,13 @@ import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from project.toolkit.checkpoint_io import AtomicCheckpointIO
 from project.toolkit.errors import ProjectError
-from project.toolkit.log import get_logger
-
-log = get_logger(__name__)
 
 INSTALL = "pip install -e '.[deepspeed]'"
 
-# What DeepSpeed's engine adds to a checkpoint's client state; dropped, so the consolidated file is an ordinary
-# Lightning checkpoint that ``torch.load(weights_only=True)`` opens.
-DEEPSPEED_ENGINE_KEYS = tuple(
-    "module buffer_names optimizer param_shapes frozen_param_shapes shared_params frozen_param_fragments "
-    "lr_scheduler data_sampler random_ltd sparse_tensor_module_names csr_tensor_module_names skipped_steps "
-    "global_steps global_samples dp_world_size mp_world_size ds_config ds_version".split()
+CONVERT = (
+    "python -c 'from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict as c; "
+    'c("{path}", "{path}.fp32")\''
 )
 
 
@@ -98,54 +90,10 @@ def is_deepspeed_checkpoint(path: str | Path) -> bool:
     return bool(tag) and (folder / tag).is_dir() and any((folder / tag).glob("*model_states.pt"))
 
 
-def consolidated_path(folder: str | Path) -> Path:
-    """Where the single-file form of a DeepSpeed checkpoint folder goes: beside it, ``.consolidated`` added."""
-    return Path(folder).with_name(f"{Path(folder).name.removesuffix('.ckpt')}.consolidated.ckpt")
-
-
-def consolidate_deepspeed_checkpoint(folder: str | Path, output_file: str | Path) -> Path:
-    """Write DeepSpeed checkpoint ``folder`` as one Lightning file (fp32 weights, no optimizer state), atomically."""
-    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-
-    output = Path(output_file)
-    converted = output.with_name(f".{output.name}.converted-{os.getpid()}")  # the converter writes a file
-    try:
-        checkpoint = convert_zero_checkpoint_to_fp32_state_dict(folder, converted)
-        for key in DEEPSPEED_ENGINE_KEYS:
-            checkpoint.pop(key, None)
-        AtomicCheckpointIO().save_checkpoint(checkpoint, output)
-    finally:
-        converted.unlink(missing_ok=True)
-    return output
-
-
-def single_device_checkpoint(path: str | Path) -> str:
-    """``path``, or for a DeepSpeed checkpoint folder its consolidated file, made if missing or older than it."""
-    folder = Path(path)
-    if not is_deepspeed_checkpoint(folder):
-        return str(path)
-    output = consolidated_path(folder)
-    newest = max((p.stat().st_mtime for p in folder.rglob("*") if p.is_file()), default=folder.stat().st_mtime)
-    if output.is_file() and output.stat().st_mtime >= newest:
-        log.info("--ckpt_path=%s: a DeepSpeed checkpoint folder; using its single-file form %s", path, output)
-        return str(output)
-    if not _deepspeed_installed():
+def check_deepspeed_checkpoint(path: str | Path, strategy: object) -> None:
+    """Refuse a DeepSpeed checkpoint folder outside DeepSpeed in one line, naming Lightning's converter to one file."""
+    if is_deepspeed_checkpoint(path) and not is_deepspeed_strategy(strategy):
         raise ProjectError(
-            f"--ckpt_path={path} is a DeepSpeed checkpoint folder; making one file of it for a single device needs "
-            f"the deepspeed package, which is not installed: {INSTALL}"
+            f"--ckpt_path={path} is a DeepSpeed checkpoint folder, which only the DeepSpeed strategy it was trained "
+            f"with reads; for any other, make one file of it with Lightning's converter: {CONVERT.format(path=path)}"
         )
-    log.info("--ckpt_path=%s: a DeepSpeed checkpoint folder; consolidating it into %s (once)", path, output)
-    return str(consolidate_deepspeed_checkpoint(folder, output))
-
-
-def resolve_deepspeed_checkpoint(path: str | Path, strategy: object, subcommand: str) -> str:
-    """The checkpoint a run loads: a DeepSpeed folder as it is under DeepSpeed, else its single file (not to fit)."""
-    if not is_deepspeed_checkpoint(path) or is_deepspeed_strategy(strategy):
-        return str(path)
-    if subcommand == "fit":
-        raise ProjectError(
-            f"--ckpt_path={path} is a DeepSpeed checkpoint folder: resume it with the DeepSpeed strategy it was "
-            f"trained with (--trainer.strategy=deepspeed_stage_N), whose optimizer state it holds; or test it on "
-            f"any device with `python -m project test --ckpt_path={path}`"
-        )
-    return single_device_checkpoint(path)
