@@ -50,13 +50,8 @@ def test_flops_and_peaks() -> None:
 
     net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 2 * 2, 5))
     assert flops.model_flops_per_sample(net, image_size=2) == {"train": 240, "inference": 120}
-    rows = [flops.device_row(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", "NVIDIA L40S")]
-    assert rows == ["H100 SXM", "A100", None]
     columns = [flops.precision_column(p, t) for p, t in (("32-true", True), ("bf16-mixed", False), ("64-true", True))]
     assert columns == ["tf32", "bf16", None]
-    assert flops.peak_tflops("NVIDIA H100 80GB HBM3", "bf16-mixed", tf32=False) == 989.4
-    assert flops.peak_tflops("NVIDIA A100-SXM4-80GB", "32-true", tf32=True) == 156.0
-    assert flops.peak_tflops("cpu", "32-true", tf32=False) is None
     assert flops.mfu(395.76, 989.4) == 0.4
     assert flops.mfu(None, 989.4) is None and flops.mfu(100.0, None) is None and flops.mfu(100.0, 0.0) is None
 

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.throughput import get_available_flops
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -81,52 +82,34 @@ def forward_flops_by_module(
     }
 
 
-# Dense peak TFLOP/s from NVIDIA's datasheets and whitepapers: without the 2:4 sparsity of their headline
-# tensor-core figures. fp32 is the CUDA-core rate; tf32, bf16 and fp16 are tensor-core rates.
-PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H100 SXM": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
-    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
-    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
-    "H200 SXM": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+# Dense peak TFLOP/s where Lightning's get_available_flops has none or a sparse one: it lists the H200 and the H100 NVL
+# by their 2:4-sparsity figures (https://github.com/Lightning-AI/pytorch-lightning/issues/21677) and takes no
+# "NVIDIA H200" for an H200. NVIDIA's datasheets: fp32 the CUDA cores' rate; tf32, bf16, fp16 the tensor cores'.
+DENSE_TFLOPS: dict[str, dict[str, float]] = {
     "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
-    "A100": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
-    "L4": {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
+    "H200": {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
 }
-
-# torch.cuda.get_device_name() -> the table's row: the first match wins; word boundaries keep L40 from L4.
-_DEVICE_PATTERNS: tuple[tuple[str, str], ...] = (
-    (r"\bH200\b.*\bNVL\b", "H200 NVL"),
-    (r"\bH200\b", "H200 SXM"),
-    (r"\bH100\b.*\bNVL\b", "H100 NVL"),
-    (r"\bH100\b.*\bPCIe\b", "H100 PCIe"),
-    (r"\bH100\b.*\b(SXM|HBM3)\b", "H100 SXM"),  # "NVIDIA H100 80GB HBM3"
-    (r"\bA100\b", "A100"),
-    (r"\bL4\b", "L4"),
-)
-_PRECISIONS = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16", "bf16-true": "bf16", "bf16": "bf16"}
-_PRECISIONS |= {"16-mixed": "fp16", "16-true": "fp16", "16": "fp16"}
+# Peak memory bandwidth in TB/s (NVIDIA's datasheets; the A100: its 80GB board's), which Lightning has no table of.
+PEAK_TBPS = {"H200 NVL": 4.8, "H200": 4.8, "H100 NVL": 3.9, "H100 PCIe": 2.0, "H100": 3.35, "A100": 2.039, "L4": 0.3}
+PRECISIONS = {"32-true": "fp32", "32": "fp32", "bf16-mixed": "bf16", "bf16-true": "bf16", "bf16": "bf16"}
+PRECISIONS |= {"16-mixed": "fp16", "16-true": "fp16", "16": "fp16"}
+# get_available_flops's keys: float32 is the CUDA cores' (it takes TF32 from the matmul switch, not from cuDNN's)
+DTYPES: dict[str, torch.dtype | str] = {"fp32": torch.float32, "tf32": "tfloat32", "bf16": torch.bfloat16}
+DTYPES |= {"fp16": torch.float16}
 
 
-def device_row(device_name: str) -> str | None:
-    """The row of :data:`PEAK_TFLOPS` for a ``torch.cuda.get_device_name()``, or None."""
-    return next((row for pattern, row in _DEVICE_PATTERNS if re.search(pattern, device_name, re.IGNORECASE)), None)
+def device_row(device_name: str, table: dict[str, Any]) -> str | None:
+    """The first row of ``table`` whose every word ``device_name`` has (``H100 NVL`` before ``H100``; no ``L4`` in
+    ``L40S``), or None."""
+    words = [row for row in table if all(re.search(rf"\b{w}\b", device_name, re.IGNORECASE) for w in row.split())]
+    return words[0] if words else None
 
 
 def precision_column(precision: str | int, tf32: bool) -> str | None:
-    """The :data:`PEAK_TFLOPS` column a Lightning precision computes its matrix products in; None for others."""
-    column = _PRECISIONS.get(str(precision).lower())
+    """The column a Lightning precision computes its matrix products in; None for others (64-true)."""
+    column = PRECISIONS.get(str(precision).lower())
     return "tf32" if column == "fp32" and tf32 else column
-
-
-def convolutions_use_tf32() -> bool:
-    """Whether float32 convolutions run in TF32 (cuDNN's switch, which sets these networks' peak at ``32-true``)."""
-    return bool(torch.backends.cudnn.allow_tf32)
-
-
-def peak_tflops(device_name: str, precision: str | int, tf32: bool) -> float | None:
-    """The dense peak TFLOP/s of ONE device at a Lightning ``precision``; None where the table has no row: no guess."""
-    row, column = device_row(device_name), precision_column(precision, tf32)
-    return None if row is None or column is None else PEAK_TFLOPS[row][column]
 
 
 def mfu(achieved_tflops_per_second: float | None, peak: float | None) -> float | None:
@@ -137,23 +120,18 @@ def mfu(achieved_tflops_per_second: float | None, peak: float | None) -> float |
 
 
 def device_peak_tflops(device: torch.device, precision: str) -> float | None:
-    """The dense peak of ONE CUDA ``device``: :data:`PEAK_TFLOPS`, else Lightning's ``get_available_flops``."""
-    if device.type != "cuda":
+    """The dense peak TFLOP/s of ONE CUDA ``device`` at a Lightning ``precision``, float32 convolutions as cuDNN's TF32
+    switch runs them: :data:`DENSE_TFLOPS`, else Lightning's ``get_available_flops``; None where neither knows it."""
+    column = precision_column(precision, tf32=bool(torch.backends.cudnn.allow_tf32))
+    if device.type != "cuda" or column is None:
         return None
-    peak = peak_tflops(torch.cuda.get_device_name(device), precision, tf32=convolutions_use_tf32())
-    column = precision_column(precision, tf32=False)  # the dtype, whatever the TF32 switch
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(column or "")
-    if peak is None and dtype is not None:
-        from lightning.fabric.utilities.throughput import get_available_flops
-
-        available = get_available_flops(device, dtype)
-        peak = available / 1e12 if available else None
-    return peak
+    row = device_row(torch.cuda.get_device_name(device), DENSE_TFLOPS)
+    if row is not None:
+        return DENSE_TFLOPS[row][column]
+    available = get_available_flops(device, DTYPES[column])
+    return available / 1e12 if available else None
 
 
-# Peak memory bandwidth in TB/s, NVIDIA's datasheets, by the rows of PEAK_TFLOPS (A100: the 80GB board's).
-PEAK_TBPS = {"H100 SXM": 3.35, "H100 PCIe": 2.0, "H100 NVL": 3.9, "H200 SXM": 4.8, "H200 NVL": 4.8, "A100": 2.039}
-PEAK_TBPS |= {"L4": 0.3}
 # Each parameter's bytes a plain SGD step moves: read in the forward and in the backward, its gradient written and
 # read, and the update reading parameter, gradient and momentum and writing parameter and momentum.
 PARAMETER_PASSES = 8
@@ -161,10 +139,8 @@ PARAMETER_PASSES = 8
 
 def device_peak_tbps(device: torch.device) -> float | None:
     """The peak memory bandwidth of ONE CUDA ``device`` in TB/s; None elsewhere (a CPU, an unlisted GPU)."""
-    if device.type != "cuda":
-        return None
-    row = device_row(torch.cuda.get_device_name(device))
-    return PEAK_TBPS.get(row) if row else None
+    row = device_row(torch.cuda.get_device_name(device), PEAK_TBPS) if device.type == "cuda" else None
+    return PEAK_TBPS[row] if row else None
 
 
 def training_traffic(
