@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -30,7 +32,7 @@ def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path: Path, monk
     io.save_checkpoint({"state_dict": {"w": torch.ones(3)}}, path)
 
     def dies_half_way(obj, f, *args, **kwargs):
-        f.write(b"PK\x03\x04 half a zip")
+        Path(f).write_bytes(b"PK\x03\x04 half a zip")
         raise KeyboardInterrupt  # the process is stopped in the middle of writing
 
     monkeypatch.setattr(checkpoints.torch, "save", dies_half_way)
@@ -38,6 +40,35 @@ def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path: Path, monk
         io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}}, path)
     assert torch.equal(torch.load(path)["state_dict"]["w"], torch.ones(3))
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no partial file left either
+
+
+@pytest.mark.parametrize("io", [TorchCheckpointIO(), AtomicCheckpointIO()], ids=["lightning", "template"])
+def test_a_save_cut_short_across_file_systems(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, io: object) -> None:
+    """Where the system's temp folder lies on another file system than the run, Lightning's save moves its temporary
+    file by copying it over last.ckpt, and a copy cut short (here a full disk) leaves last.ckpt half-written; the
+    template's writes beside the file, so the rename stays on one file system and the save is whole."""
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}}, path)
+
+    def across_file_systems(source: str, destination: str, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")  # what the kernel says: shutil.move then copies
+
+    def disk_full_half_way(out_fd: int, *args: object) -> int:
+        os.write(out_fd, b"PK\x03\x04 half a zip")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "rename", across_file_systems)
+    monkeypatch.setattr(os, "sendfile", disk_full_half_way)
+    try:
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}}, path)
+    except OSError:
+        pass
+    monkeypatch.undo()
+    if isinstance(io, AtomicCheckpointIO):
+        assert torch.equal(torch.load(path)["state_dict"]["w"], torch.zeros(3))
+    else:  # Lightning's: the old checkpoint is gone and the new one is half there
+        with pytest.raises(RuntimeError, match="zip archive"):
+            torch.load(path)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,7 @@
-"""Checkpoint files written atomically, so no reader or crash ever sees half of one."""
+"""Checkpoint files written atomically, so no reader or crash ever sees half of one, and a full disk said in one line.
+Lightning's own save writes its temporary file in the system's temp folder and moves it into place: where that folder
+lies on another file system (a tmpfs /tmp, a container's, a cluster's scratch), the move copies over the old file, and
+a copy cut short leaves it half-written (https://github.com/Lightning-AI/pytorch-lightning/issues/19970)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ WRITER_FAILURES = ("inline_container", "PytorchStreamWriter", "file write failed
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write under a temporary name, flush, rename into place: a crash mid-write leaves the previous file intact."""
+    """Write under a temporary name beside the file, then rename it into place: a crash mid-write leaves the previous
+    file intact."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
         if storage_options is not None:
@@ -27,10 +31,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
         try:
-            with open(partial, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
+            torch.save(checkpoint, partial)
             os.replace(partial, path)
         except (OSError, RuntimeError) as err:
             if isinstance(err, RuntimeError) and not any(text in str(err) for text in WRITER_FAILURES):

@@ -34,7 +34,7 @@ class Checkpoints(ModelCheckpoint):
     holding the final weights, and resumes into a new run folder without Lightning's "dirpath has changed" warning.
 
     Args:
-        atomic: Write checkpoints under a temporary name, fsync, then rename.
+        atomic: Write checkpoints under a temporary name beside them, then rename.
         save_on_signal: Save ``last.ckpt`` when SIGTERM or Ctrl-C stops training.
         kwargs: Lightning's ModelCheckpoint options (``monitor``, ``save_top_k``, ``every_n_train_steps``, ...).
     """
@@ -57,7 +57,7 @@ class Checkpoints(ModelCheckpoint):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        # https://github.com/Lightning-AI/pytorch-lightning/issues/19970: Lightning's save is not atomic.
+        # Lightning's save is atomic only where the temp folder shares the run's file system (checkpoint_io.py).
         if self.atomic and type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
 
