@@ -115,9 +115,9 @@ test-xla: $(VENV_XLA)/.installed  ## the XLA tests (fit + test on the XLA CPU de
 	PJRT_DEVICE=CPU REQUIRE_XLA=1 $(PY_XLA) -m pytest -m xla $(ARGS)
 
 # SLURM for real: the tests marked slurm start a one-node cluster on this machine (munged, slurmctld, slurmd, a
-# config in a temporary folder; tests/slurm_cluster.py) and run scripts/slurm/train.sbatch and srun on it. SLURM
-# comes from the system's packages, installed here where missing (as root, as CI runs); where it cannot be installed
-# or started, the tests say so and are skipped.
+# config in a temporary folder; tests/support/slurm_cluster.py) and run scripts/slurm/train.sbatch and srun on it.
+# SLURM comes from the system's packages, installed here where missing (as root, as CI runs); where it cannot be
+# installed or started, the tests say so and are skipped.
 SLURM_PROGRAMS := slurmctld slurmd munged sbatch srun
 test-slurm: $(VENV)/.installed-dev  ## the SLURM tests on a one-node cluster here (installs slurm-wlm, munge if missing)
 	@missing=""; \

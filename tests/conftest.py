@@ -16,7 +16,7 @@ import pytest
 from lightning.pytorch import Trainer
 
 from project.data import BASE_FOLDER, META_FILE, TEST_FILE, TRAIN_FILES
-from tests.fixtures import PALETTE, TINY_RUN
+from tests.support.fixtures import PALETTE, TINY_RUN
 
 LABEL_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 TRAIN_PER_FILE = 40  # 5 files -> 200 training images
@@ -31,7 +31,7 @@ def quiet_trainer(tmp_path: Path, **options: Any) -> Trainer:
 
 
 def learnable_images(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Images whose class shows (its colour of tests/fixtures.py's palette, under noise), as flat uint8 rows in
+    """Images whose class shows (its colour of tests/support/fixtures.py's palette, under noise), as flat uint8 rows in
     the official channel-first layout (N, 3072): 1024 red values, then 1024 green, then 1024 blue."""
     colour_planes = np.repeat(PALETTE[labels], 1024, axis=1)  # (N, 3072), R plane then G then B
     noise = rng.integers(0, 256, (len(labels), 3072))
@@ -86,7 +86,7 @@ def cifar_archive(tmp_path_factory: pytest.TempPathFactory, cifar_root: Path) ->
 
 @pytest.fixture
 def tiny_args(tmp_path: Path) -> list[str]:
-    """CLI options for a run that takes seconds on a CPU: the tests' own data set (tests/fixtures.py,
+    """CLI options for a run that takes seconds on a CPU: the tests' own data set (tests/support/fixtures.py,
     not the template's), 32 px, batch 20, no worker processes, every output under this test's tmp_path."""
     return [*TINY_RUN, "--trainer.devices=1", f"--trainer.default_root_dir={tmp_path}"]
 
@@ -94,7 +94,7 @@ def tiny_args(tmp_path: Path) -> list[str]:
 @pytest.fixture(autouse=True, scope="session")
 def _tests_importable_by_runs() -> None:
     """Runs started as processes (ddp ranks, bench cells) import the tests' data set by its dotted path
-    ``tests.fixtures...`` from wherever they start: put the repository on their PYTHONPATH."""
+    ``tests.support.fixtures...`` from wherever they start: put the repository on their PYTHONPATH."""
     paths = [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
 

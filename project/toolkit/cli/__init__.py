@@ -11,7 +11,7 @@ from typing import Any
 
 from project.toolkit.cli.process_exit import end_program
 
-# What each command does, as the top-level help lists it (tests/test_entry.py checks LightningCLI's).
+# What each command does, as the top-level help lists it (tests/unit/test_entry.py checks LightningCLI's).
 TRAINER_COMMANDS = {
     "fit": "train the model (validating every epoch); a run folder with checkpoints, timing.json, TensorBoard",
     "validate": "evaluate on the validation split (--ckpt_path=best, last or a file)",

@@ -1,6 +1,6 @@
 """One line for jsonargparse's refusals, above all around a class chosen by its path (``--data=package.module.Class``):
 in LightningCLI's subclass mode they come back as a refusal of the whole ``data`` value with the real cause nested
-inside; these functions take that cause out. Examples of the texts: tests/test_units_cli_bench.py."""
+inside; these functions take that cause out. Examples of the texts: tests/unit/test_cli_bench.py."""
 
 from __future__ import annotations
 
