@@ -1,4 +1,5 @@
-"""Every private name of a library the template uses, for what no public API does (tests/unit/test_compat.py checks them)."""
+"""Every private name of a library the template uses, for what no public API does; tests/unit/test_compat.py pins
+them."""
 
 from __future__ import annotations
 

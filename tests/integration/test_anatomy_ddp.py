@@ -1,5 +1,7 @@
 """The step anatomy of a 2-process ddp run: every rank's parts add up to its measured step, and ``plan`` reads the
-record. (Its bookkeeping and its window, in one process: tests/unit/test_anatomy.py.)"""
+record. The run is ``ddp_static`` (a static graph, gradients as bucket views), which the other ddp runs of the
+suite, Lightning's own ``ddp``, leave out. (The anatomy's bookkeeping and its window, in one process:
+tests/unit/test_anatomy.py.)"""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ def test_each_ddp_rank_records_an_anatomy_that_adds_up_and_plan_reads_it(
     run_project(
         "fit",
         *tiny_args,
-        "--trainer.strategy=ddp",
+        "--trainer.strategy=ddp_static",
         "--trainer.devices=2",
         "--trainer.max_epochs=1",
         "--trainer.limit_train_batches=5",
