@@ -104,7 +104,7 @@ def resumed_to_step(step: int) -> Check:
         path = run / "checkpoints" / "last.ckpt" if run is not None else None
         if path is None or not path.is_file():
             return f"the resumed run wrote no last.ckpt ({path})"
-        reached = torch.load(path, map_location="cpu", weights_only=False).get("global_step")
+        reached = torch.load(path, map_location="cpu", weights_only=True).get("global_step")
         return None if reached == step else f"{path} is at step {reached}, not {step}"
 
     return check

@@ -30,3 +30,8 @@ def shut_down_threads() -> None:
 def run_exit_handlers() -> None:
     """The handlers registered with :mod:`atexit`, run now, while the interpreter is fully alive."""
     atexit._run_exitfuncs()
+
+
+# What a sharded checkpoint's .metadata names beside torch.distributed.checkpoint.metadata's types and torch's dtypes.
+SHARDED_METADATA_GLOBALS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size")}
+SHARDED_METADATA_GLOBALS |= {("torch.serialization", "_get_layout"), ("pathlib", "PosixPath")}

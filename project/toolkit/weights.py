@@ -11,6 +11,7 @@ import torchvision
 from torch import nn
 
 from project.toolkit.errors import ProjectError
+from project.toolkit.safe_load import read_checkpoint
 
 LOCAL_FORM = "--model.weights=path/to/state_dict.pt"
 
@@ -61,7 +62,7 @@ def _weights_state(weights: str, arch: str) -> dict[str, torch.Tensor]:
             "weight names such as DEFAULT are for torchvision's archs"
         )
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_checkpoint(path, "model.weights", mmap=False)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as err:
         raise ProjectError(f"model.weights={weights} is not a readable state-dict file ({_first_line(err)})") from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):

@@ -55,17 +55,18 @@ def centre_offset(excess: int) -> int:
     return (excess + excess // 2 % 2) // 2
 
 
-def export(ckpt_path: str, fmt: str, out: Path, logs: Path, model: str = "") -> str:
+def export(ckpt_path: str, fmt: str, out: Path, logs: Path, model: str = "", trusted: bool = False) -> str:
     """Write checkpoint ``ckpt_path`` (``last``, ``best`` of the newest run under ``logs``, or a file) to ``out`` as
-    ``fmt`` (``onnx``, ``pt2``); ``model``: the LightningModule class if the checkpoint names none. Returns a line."""
+    ``fmt`` (``onnx``, ``pt2``); ``model``: the LightningModule class if the checkpoint names none; ``trusted``: read
+    the file whole, code included (else plain data only). Returns a line."""
     folder = out.absolute().parent
     if not folder.is_dir() or not os.access(folder, os.W_OK):
         raise ProjectError(f"--out {out}: cannot write into {folder}; give a file in a folder you can write to")
     if fmt == "onnx" and not all(importlib.util.find_spec(name) for name in ("onnx", "onnxscript")):
         raise ProjectError("--format=onnx needs the onnx and onnxscript packages: pip install -e '.[export]'")
-    path = find_checkpoint(ckpt_path, logs) if ckpt_path in ("last", "best") else ckpt_path
+    path = find_checkpoint(ckpt_path, logs, trusted=trusted) if ckpt_path in ("last", "best") else ckpt_path
     check_deepspeed_checkpoint(path, strategy=None)
-    checkpoint = check_checkpoint_file(path) or {}
+    checkpoint = check_checkpoint_file(path, trusted) or {}
     state = next((v for v in checkpoint.values() if isinstance(v, dict) and STATE_KEYS <= v.keys()), {})
     size = checkpoint.get("datamodule_hyper_parameters", {}).get("image_size")
     if None in (state.get("mean"), state.get("std"), size):
@@ -74,7 +75,7 @@ def export(ckpt_path: str, fmt: str, out: Path, logs: Path, model: str = "") -> 
             "export a single-file checkpoint of a fit by this version of the project"
         )
     class_path = checkpoint.get("hyper_parameters", {}).get("_class_path") or model
-    module = import_object(class_path).load_from_checkpoint(path, map_location="cpu", weights_only=False)
+    module = import_object(class_path).load_from_checkpoint(path, map_location="cpu", weights_only=not trusted)
     net = module.float().to(memory_format=torch.contiguous_format)  # channels_last weights: pt2's saver warns
     graph = Normalised(net, state["mean"], state["std"], size).eval()
     example = torch.zeros(2, len(state["mean"]), size, size, dtype=torch.uint8)
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None, model: str = "") -> None:
     add("--format", choices=("onnx", "pt2"), required=True, help="onnx (onnxruntime and others) or pt2 (torch.export)")
     add("--out", type=Path, required=True, help="the file to write")
     add("--logs", type=Path, default=Path("lightning_logs"), help="the runs' folder (default lightning_logs)")
+    add("--weights_only", choices=("true", "false"), default="true", help="false: a trusted file, read whole")
     args = parser.parse_args(sys.argv[2:] if argv is None else argv)
     with exit_on_project_error():
-        print(export(args.ckpt_path, args.format, args.out, args.logs, model), flush=True)
+        trusted = args.weights_only == "false"
+        print(export(args.ckpt_path, args.format, args.out, args.logs, model, trusted), flush=True)

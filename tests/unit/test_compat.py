@@ -37,6 +37,23 @@ def test_every_private_name_exists_in_the_installed_libraries() -> None:
     assert callable(threading._shutdown) and callable(atexit._run_exitfuncs)
 
 
+def test_a_sharded_checkpoints_metadata_names_only_what_compat_allows(tmp_path: Path) -> None:
+    """SHARDED_METADATA_GLOBALS: torch.distributed.checkpoint's private names in a real ``.metadata`` still read."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from project.toolkit.safe_load import ShardedMetadataUnpickler
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    net(torch.randn(2, 3)).sum().backward()
+    optimizer.step()
+    dcp.save({"state_dict": net.state_dict(), "optimizer_0": optimizer.state_dict()}, checkpoint_id=tmp_path)
+    with open(tmp_path / ".metadata", "rb") as file:
+        metadata = ShardedMetadataUnpickler(file).load()
+    assert "state_dict.0.weight" in metadata.state_dict_metadata
+
+
 def private_names(path: Path) -> set[str]:
     """The ``x._name`` attributes and ``from lib import _name`` imports in ``path``'s code (not its strings)."""
     tree = ast.parse(path.read_text())

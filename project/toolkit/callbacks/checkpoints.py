@@ -20,6 +20,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from project.toolkit.checkpoint_io import AtomicCheckpointIO
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
+from project.toolkit.safe_load import check_sharded_metadata, read_checkpoint
 from project.toolkit.strategies.deepspeed import is_deepspeed_checkpoint
 
 __all__ = ["AtomicCheckpointIO", "Checkpoints", "check_checkpoint_file", "find_checkpoint"]
@@ -153,18 +154,25 @@ class Checkpoints(ModelCheckpoint):
         self._previous = {}
 
 
-def check_checkpoint_file(path: str | Path) -> dict[str, Any] | None:
+def check_checkpoint_file(path: str | Path, trusted: bool = False) -> dict[str, Any] | None:
     """A one-line :class:`ProjectError` naming ``path`` unless it is a loadable Lightning checkpoint (or a
-    sharded checkpoint folder); returns the checkpoint (None for a folder). The file is memory-mapped, not read."""
+    sharded checkpoint folder) of plain data, or ``trusted``; returns the checkpoint (None for a folder). The file is
+    memory-mapped, not read."""
     path = Path(path)
     if path.is_dir():
         if not (path / ".metadata").is_file() and not (path / "meta.pt").is_file():
             raise ProjectError(f"--ckpt_path={path}: a folder, but not a sharded checkpoint (no .metadata inside)")
+        if not trusted and (path / ".metadata").is_file():
+            check_sharded_metadata(path, "--ckpt_path")
+        if (path / "meta.pt").is_file():
+            read_checkpoint(path / "meta.pt", "--ckpt_path", trusted)
         return None
     if not path.is_file():
         raise ProjectError(f"--ckpt_path={path}: no such file; pass a checkpoint file, 'last' or 'best'")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        checkpoint = read_checkpoint(path, "--ckpt_path", trusted)
+    except ProjectError:
+        raise
     except Exception as err:  # truncated, garbled, or not a torch file at all
         raise ProjectError(
             f"--ckpt_path={path}: not a readable checkpoint ({type(err).__name__}); it may be truncated "
@@ -175,9 +183,10 @@ def check_checkpoint_file(path: str | Path) -> dict[str, Any] | None:
     return checkpoint
 
 
-def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False) -> str | None:
-    """The ``last.ckpt`` of the newest run under ``runs_root``, or that run's best checkpoint; None where
-    there is none and ``allow_none`` (``fit --ckpt_path=last`` before any run)."""
+def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False, trusted: bool = False) -> str | None:
+    """The ``last.ckpt`` of the newest run under ``runs_root``, or that run's best checkpoint (read from ``last.ckpt``,
+    as plain data unless ``trusted``); None where there is none and ``allow_none`` (``fit --ckpt_path=last`` before
+    any run)."""
     found = runs_root.glob("version_*/checkpoints/last.ckpt")  # sorted by number: version_10 after version_9
     runs = sorted(found, key=lambda p: int(n) if (n := p.parent.parent.name[8:]).isdigit() else -1)
     if not runs:
@@ -194,7 +203,7 @@ def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False) -> st
         return str(last)
     if is_deepspeed_checkpoint(last):
         raise ProjectError(f"--ckpt_path=best: {last} is a DeepSpeed checkpoint folder; pass the checkpoint you want")
-    state = torch.load(last, map_location="cpu", weights_only=False).get("callbacks", {})
+    state = (check_checkpoint_file(last, trusted) or {}).get("callbacks", {})
     best = next((s["best_model_path"] for s in state.values() if isinstance(s, dict) and "best_model_path" in s), None)
     if best == "":  # ranked nothing: a run without validation (data.val_size=0) keeps last.ckpt only
         log.warning("--ckpt_path=best: the run of %s ranked no checkpoint (no validation); using its last.ckpt", last)

@@ -96,13 +96,15 @@ class ProjectCLI(LightningCLI):
                 "to evaluate a trained model",
                 subcommand,
             )
+        trusted = config.get("weights_only") is False  # Lightning's option: the user trusts the file's code
         if value in ("last", "best"):
-            config.ckpt_path = find_checkpoint(value, runs_root(config.trainer), allow_none=subcommand == "fit")
+            root = runs_root(config.trainer)
+            config.ckpt_path = find_checkpoint(value, root, allow_none=subcommand == "fit", trusted=trusted)
         if config.ckpt_path in (None, "hpc"):
             return
         deepspeed.check_deepspeed_checkpoint(config.ckpt_path, config.trainer.get("strategy"))  # DeepSpeed reads it
         if not deepspeed.is_deepspeed_checkpoint(config.ckpt_path):
-            checkpoint = check_checkpoint_file(config.ckpt_path)
+            checkpoint = check_checkpoint_file(config.ckpt_path, trusted)
             if checkpoint is not None:  # a file: the data set and settings it was trained with, against the options
                 adopt_data_set(config, config.ckpt_path, checkpoint, self.argv)
                 check_classes(config.ckpt_path, checkpoint, checks.data_num_classes(config.get("data")))

@@ -81,8 +81,8 @@ def checkpoint_data_settings(checkpoint: Any) -> dict[str, Any]:
     """The data settings a checkpoint file records (its data module's, as resolved in the fit); empty if none."""
     import torch  # only here: `make tensorboard` runs this module without it
 
-    try:
-        saved = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=False)
+    try:  # checked, or allowed by name where trusted (--weights_only=false), before this
+        saved = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)
     except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError):  # a folder (sharded), unreadable
         return {}
     return dict(saved.get("datamodule_hyper_parameters") or {}) if isinstance(saved, dict) else {}
