@@ -1,7 +1,8 @@
 """A folder of images as a data set: ``DIR/train/<class>/*.{jpg,jpeg,png}``, and optionally ``DIR/val/`` and
 ``DIR/test/`` with the same class folders. Files are decoded (Pillow) in the DataLoader workers when a batch needs them,
-never all held in memory: each is resized (shorter side) and centre-cropped to ``image_size``, then augmented as
-any data set is (``--data.augmentation``: by default a random crop of the zero-padded image, a horizontal flip).
+never all held in memory: each is resized (shorter side) to ``resize_size`` whole, then augmented as any data set is
+(``--data.augmentation``: by default a random crop of the zero-padded image, a horizontal flip; ``random_resized_crop``)
+and centre-cropped to ``image_size`` (evaluation: cropped only).
 
 ``python -m project fit --data=project.data.ImageFolderDataModule --data.data_dir=DIR``
 """
@@ -15,22 +16,30 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from PIL import Image
+from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
 from project.toolkit.data.datamodule import ImageArrayDataModule
 from project.toolkit.errors import DataError
+from project.toolkit.log import get_logger
+
+log = get_logger(__name__)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
 class ImageFiles:
     """Image files read as a uint8 array ``(N, size, size, channels)``: an item is decoded when it is read, so a
-    worker holds only its batch. ``subset`` takes files without decoding them."""
+    worker holds only its batch; it is the whole photo, its shorter side ``size``, and several items read at once
+    their centre squares. ``subset`` takes files without decoding them."""
 
     dtype = np.dtype(np.uint8)
 
-    def __init__(self, paths: Sequence[Path], size: int, channels: int, root: Path) -> None:
+    def __init__(
+        self, paths: Sequence[Path], size: int, channels: int, root: Path, interpolation: str = "bilinear"
+    ) -> None:
         self.paths, self.size, self.channels, self.root = list(paths), size, channels, root
+        self.interpolation = interpolation
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -50,16 +59,17 @@ class ImageFiles:
         return [str(path.relative_to(self.root)) for path in self.paths]
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> ImageFiles:
-        return ImageFiles([self.paths[i] for i in indices], self.size, self.channels, self.root)
+        return ImageFiles([self.paths[i] for i in indices], self.size, self.channels, self.root, self.interpolation)
 
     def __getitem__(self, index: int | slice | np.ndarray) -> np.ndarray:
         if isinstance(index, (int, np.integer)):
             return self.decode(self.paths[index])
         paths = self.paths[index] if isinstance(index, slice) else [self.paths[i] for i in index]
-        return np.stack([self.decode(path) for path in paths]) if paths else np.zeros((0, *self.shape[1:]), np.uint8)
+        squares = [F.center_crop(torch.from_numpy(self.decode(path)).permute(2, 0, 1), [self.size]) for path in paths]
+        return torch.stack(squares).permute(0, 2, 3, 1).numpy() if paths else np.zeros((0, *self.shape[1:]), np.uint8)
 
     def decode(self, path: Path) -> np.ndarray:
-        """One file as ``(size, size, channels)`` uint8: grey or colour as asked, shorter side resized, centre crop."""
+        """One file as ``(height, width, channels)`` uint8: grey or colour as asked, its shorter side ``size``."""
         try:
             with Image.open(path) as file:
                 pixels = np.array(file.convert("L" if self.channels == 1 else "RGB"))
@@ -67,7 +77,7 @@ class ImageFiles:
             reason = "not a readable JPEG or PNG file" if isinstance(err, Image.UnidentifiedImageError) else err
             raise DataError(f"{path} cannot be read as an image ({reason}); remove it or replace it") from None
         image = torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1)).permute(2, 0, 1)
-        image = F.center_crop(F.resize(image, self.size, antialias=True), [self.size, self.size])
+        image = F.resize(image, self.size, interpolation=InterpolationMode(self.interpolation), antialias=True)
         return image.permute(1, 2, 0).numpy()
 
 
@@ -121,13 +131,14 @@ def scan_split(folder: Path, classes: list[str] | None = None) -> tuple[list[Pat
             f"{folder} has other classes than the training split: only here {extra or 'none'}, "
             f"missing here {missing or 'none'}; every split needs the same class folders"
         )
-    files, labels = [], []
+    files, labels, skipped = [], [], []
     for label, class_folder in enumerate(class_folders):
-        found = _images_under(class_folder)
+        found = _images_under(class_folder, skipped=skipped)
         if not found:
             raise DataError(f"class folder {class_folder} has no images ({', '.join(IMAGE_SUFFIXES)})")
         files += found
         labels += [label] * len(found)
+    _say_skipped(folder, skipped, len(files))
     return files, np.asarray(labels, dtype=np.int64), names
 
 
@@ -135,9 +146,24 @@ def _subfolders(folder: Path) -> list[Path]:
     return sorted(path for path in folder.iterdir() if path.is_dir() and not path.name.startswith("."))
 
 
-def _images_under(folder: Path, recursive: bool = True) -> list[Path]:
-    paths = folder.rglob("*") if recursive else folder.iterdir()
-    return sorted(p for p in paths if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+def _images_under(folder: Path, recursive: bool = True, skipped: list[Path] | None = None) -> list[Path]:
+    """The images under ``folder``; its other files (not hidden ones) added to ``skipped``."""
+    files = [p for p in (folder.rglob("*") if recursive else folder.iterdir()) if p.is_file()]
+    if skipped is not None:
+        skipped += sorted(p for p in files if p.suffix.lower() not in IMAGE_SUFFIXES and not p.name.startswith("."))
+    return sorted(p for p in files if p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+_SAID: set[Path] = set()  # the folders whose skipped files were named: once a process
+
+
+def _say_skipped(folder: Path, skipped: list[Path], used: int) -> None:
+    """One line, once, counting and naming (the first three of) the files of ``folder`` that are not images."""
+    if skipped and folder not in _SAID:
+        _SAID.add(folder)
+        named = ", ".join(str(p.relative_to(folder)) for p in skipped[:3]) + (" ..." if len(skipped) > 3 else "")
+        log.warning("%s: %d file(s) skipped, not %s: %s (%d images used)", folder, len(skipped),
+                    "/".join(IMAGE_SUFFIXES), named, used)  # fmt: skip
 
 
 def scan_images(folder: Path, classes: list[str], hint: str = "") -> tuple[list[Path], np.ndarray]:
@@ -180,7 +206,8 @@ class ImageFolderDataModule(ImageArrayDataModule):
     Args:
         data_dir: The data set's folder, holding ``train/`` (and optionally ``val/``, ``test/``); for predict, also
             a folder of images.
-        image_size: Side of the square images the files are resized and centre-cropped to; null: 112.
+        image_size: Side of the square images the model sees, the centre of the files resized to ``resize_size``
+            (shorter side; null: ``image_size``); null: 112.
         channels: 3: colour (grey files are repeated to three channels); 1: grey (colour files are converted).
         mean: Per-channel mean on the 0-1 scale; null: measured on up to 1,000 training images.
         std: Per-channel standard deviation on the 0-1 scale; null: measured with the mean.
@@ -216,7 +243,8 @@ class ImageFolderDataModule(ImageArrayDataModule):
         else:
             names = checked_classes(classes)
         size = self.default_image_size if image_size is None else image_size
-        self.num_classes, self.image_shape = len(names), (size, size, channels)
+        decoded = kwargs.get("resize_size") or size  # the files' shorter side: their whole photo, for augmentation
+        self.num_classes, self.image_shape = len(names), (decoded, decoded, channels)
         self.mean, self.std = mean, std  # checked (and None: measured) by the generic data module
         super().__init__(data_dir=data_dir, image_size=size, **kwargs)
         self.label_names = names
@@ -232,7 +260,7 @@ class ImageFolderDataModule(ImageArrayDataModule):
 
     def _files(self, paths: list[Path]) -> ImageFiles:
         check_readable(paths)
-        return ImageFiles(paths, self.hparams.image_size, self.in_channels, self.data_dir)
+        return ImageFiles(paths, self.image_shape[0], self.in_channels, self.data_dir, self.hparams.interpolation)
 
     def _split_files(self, folder: str) -> tuple[ImageFiles, np.ndarray]:
         files, labels, _ = scan_split(self.data_dir / folder, self.label_names)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
 import torch
 import torchvision
@@ -74,6 +75,20 @@ def _weights_state(weights: str, arch: str) -> dict[str, torch.Tensor]:
     if any(key.startswith("net.") for key in state):  # the LightningModule's keys: its network is `net`
         state = {key.removeprefix("net."): v for key, v in state.items() if key.startswith("net.")}
     return state
+
+
+def weights_preprocessing(weights: str | None, arch: str | None) -> dict[str, Any] | None:
+    """The data options torchvision's weights ``weights`` of ``arch`` expect, from ``weights.transforms()`` (no
+    download): ``image_size`` (its crop), ``resize_size``, ``mean``, ``std``, ``interpolation``; None for a file."""
+    try:
+        enum = torchvision.models.get_model_weights(arch) if weights and arch and "." not in arch else None
+    except ValueError:  # not a torchvision arch: build_network says so
+        return None
+    if enum is None or weights not in enum.__members__:
+        return None
+    preset = enum[weights].transforms()
+    sizes = {"image_size": preset.crop_size[0], "resize_size": preset.resize_size[0]}
+    return {**sizes, "mean": list(preset.mean), "std": list(preset.std), "interpolation": preset.interpolation.value}
 
 
 def _torchvision_state(name: str, arch: str) -> dict[str, torch.Tensor]:

@@ -1,7 +1,7 @@
 """``python -m project export --ckpt_path=best --format=onnx|pt2 --out FILE``: a checkpoint as one graph taking uint8
-images ``(N, C, H, W)``, 0-255, of any size and returning the logits ``(N, classes)``. What predict does to a decoded
-file is inside it (shorter side resized, centre crop, scaling, normalisation), so the graph runs without this project
-(docs/export.md)."""
+images ``(N, C, H, W)``, 0-255, of any size and returning the logits ``(N, classes)``. What evaluation and predict do
+to an image is inside it (shorter side resized to ``resize_size``, centre crop of ``image_size``, scaling,
+normalisation, the data's interpolation), so the graph runs without this project (docs/export.md)."""
 
 from __future__ import annotations
 
@@ -24,12 +24,20 @@ EXPORT_HELP = "A checkpoint as one graph: uint8 images (N, C, H, W), 0-255, of a
 
 
 class Normalised(nn.Module):
-    """``model`` after what predict does to a decoded file: uint8 images of any size resized and centre-cropped to
-    ``size`` (``ImageFiles.decode``), then the data module's evaluation transform (``x / 255``, normalised)."""
+    """``model`` after what predict does to an image: uint8 images of any size, shorter side resized to ``resize``
+    (None: ``size``) and centre-cropped to ``size``, then scaled and normalised (``to_model_input``)."""
 
-    def __init__(self, model: nn.Module, mean: list[float], std: list[float], size: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        mean: list[float],
+        std: list[float],
+        size: int,
+        resize: int | None = None,
+        mode: str = "bilinear",
+    ) -> None:
         super().__init__()
-        self.model, self.size = model, size
+        self.model, self.size, self.resize, self.mode = model, size, resize or size, mode
         self.register_buffer("scale", torch.tensor([1 / (255 * s) for s in std]).view(1, -1, 1, 1))
         self.register_buffer("shift", torch.tensor([-m / s for m, s in zip(mean, std, strict=True)]).view(1, -1, 1, 1))
         self.register_buffer("square", torch.arange(size), persistent=False)
@@ -38,12 +46,12 @@ class Normalised(nn.Module):
         return self.model(self.cropped(images) * self.scale + self.shift)
 
     def cropped(self, images: torch.Tensor) -> torch.Tensor:
-        """``center_crop(resize(images, size, antialias=True), [size, size])`` as torchvision does it to uint8 images
+        """``center_crop(resize(images, resize, antialias=True), [size, size])`` as torchvision does it to uint8 images
         (values rounded back to 0-255 integers), with integer arithmetic on the sizes: no branch, any size."""
         height, width = images.shape[-2:]
-        short = torch.sym_min(height, width)  # becomes size; the longer side int(size * long / short)
-        sides = (self.size * height // short, self.size * width // short)
-        resized = nn.functional.interpolate(images.float(), sides, mode="bilinear", antialias=True, align_corners=False)
+        short = torch.sym_min(height, width)  # becomes resize; the longer side int(resize * long / short)
+        sides = (self.resize * height // short, self.resize * width // short)
+        resized = nn.functional.interpolate(images.float(), sides, mode=self.mode, antialias=True, align_corners=False)
         resized = resized.round().clamp(0, 255)
         top, left = (centre_offset(side - self.size) for side in sides)
         # index_select, not a slice: export would pin a slice's strides (the resized size) to the example's
@@ -68,7 +76,8 @@ def export(ckpt_path: str, fmt: str, out: Path, logs: Path, model: str = "", tru
     check_deepspeed_checkpoint(path, strategy=None)
     checkpoint = check_checkpoint_file(path, trusted) or {}
     state = next((v for v in checkpoint.values() if isinstance(v, dict) and STATE_KEYS <= v.keys()), {})
-    size = checkpoint.get("datamodule_hyper_parameters", {}).get("image_size")
+    data = checkpoint.get("datamodule_hyper_parameters", {})
+    size = data.get("image_size")
     if None in (state.get("mean"), state.get("std"), size):
         raise ProjectError(
             f"--ckpt_path={path} records no mean/std and image_size of its data, which the graph builds in; "
@@ -77,7 +86,8 @@ def export(ckpt_path: str, fmt: str, out: Path, logs: Path, model: str = "", tru
     class_path = checkpoint.get("hyper_parameters", {}).get("_class_path") or model
     module = import_object(class_path).load_from_checkpoint(path, map_location="cpu", weights_only=not trusted)
     net = module.float().to(memory_format=torch.contiguous_format)  # channels_last weights: pt2's saver warns
-    graph = Normalised(net, state["mean"], state["std"], size).eval()
+    resizing = data.get("resize_size"), data.get("interpolation") or "bilinear"
+    graph = Normalised(net, state["mean"], state["std"], size, *resizing).eval()
     example = torch.zeros(2, len(state["mean"]), size, size, dtype=torch.uint8)
     dims = {0: torch.export.Dim("batch"), 2: torch.export.Dim("height"), 3: torch.export.Dim("width")}
     program = torch.export.export(graph, (example,), dynamic_shapes={"images": dims})

@@ -238,7 +238,8 @@ def test_batch_size_that_does_not_divide_is_refused(cifar_root: Path) -> None:
         ({"image_size": 0}, "data.image_size=0"),
         ({"batch_size": -8}, "data.batch_size=-8"),
         ({"num_workers": -1}, "data.num_workers=-1"),
-        ({"augmentation": "flip"}, "data.augmentation='flip' is not allowed: use crop_flip, none, or a transform"),
+        ({"augmentation": "flip"}, "data.augmentation='flip' is not allowed: use crop_flip, random_resized_crop, none"),
+        ({"resize_size": 24}, "data.resize_size=24 is not allowed: it must be an integer >= 32"),  # the crop's side
     ],
 )
 def test_bad_options_are_refused_at_construction(cifar_root: Path, options: dict, message: str) -> None:

@@ -4,6 +4,7 @@ under every strategy, and one line for each way the folder can be wrong."""
 from __future__ import annotations
 
 import csv
+import logging
 import re
 import shutil
 import subprocess
@@ -13,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+from torchvision.transforms import v2
 
 from project.data import ImageFiles, ImageFolderDataModule
 from project.toolkit.errors import DataError
@@ -56,9 +59,52 @@ def test_images_are_decoded_only_when_read(photos: Path) -> None:
     subset = files.subset([3, 0])
     assert isinstance(subset, ImageFiles) and subset.paths == [files.paths[3], files.paths[0]]
     assert files.shape == (40, 16, 16, 3) and files.nbytes == 40 * 16 * 16 * 3
-    one, two = files[0], subset[np.array([1, 0])]
-    assert one.dtype == np.uint8 and one.shape == (16, 16, 3)
-    assert np.array_equal(two[0], one) and two.shape == (2, 16, 16, 3)
+    one, two = files[0], subset[np.array([1, 0])]  # one: the whole photo; several: their centre squares
+    assert one.dtype == np.uint8 and min(one.shape[:2]) == 16 and one.shape[2] == 3
+    top, left = round((one.shape[0] - 16) / 2), round((one.shape[1] - 16) / 2)  # as torchvision centre-crops
+    assert np.array_equal(two[0], one[top : top + 16, left : left + 16]) and two.shape == (2, 16, 16, 3)
+
+
+def test_training_sees_the_whole_photo_and_evaluation_its_centre_as_resize_size_says(photos: Path) -> None:
+    dm = attach(folder_dm(photos, image_size=16, resize_size=20, augmentation="random_resized_crop"))
+    dm.setup("fit")
+    train, val = dm._datasets["train"], dm._datasets["val"]
+    whole = [train.images[i] for i in range(8)]  # as decoded: shorter side 20, not cropped to a square
+    assert {min(image.shape[:2]) for image in whole} == {20} and any(max(image.shape[:2]) > 20 for image in whole)
+    images, _ = next(iter(dm.train_dataloader()))
+    assert images.shape == (8, 3, 16, 16)
+    photo = torch.from_numpy(np.array(Image.open(val.images.paths[0]).convert("RGB"))).permute(2, 0, 1)
+    steps = [v2.Resize(20, antialias=True), v2.CenterCrop(16), v2.ToDtype(torch.float32, scale=True)]
+    expected = v2.Compose([*steps, v2.Normalize(*dm.channel_stats)])(photo)  # weights.transforms()'s steps
+    torch.testing.assert_close(val[0][0], expected, rtol=0, atol=1e-5)
+
+
+class Lines(logging.Handler):
+    """The lines a logger says, whether or not it propagates (the project's does not once main() ran here)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_files_other_than_images_are_counted_and_named_once(tmp_path: Path) -> None:
+    root = image_folder(tmp_path, train=3, test=1)
+    (root / "train" / "vertical" / "anim.gif").write_bytes(b"GIF89a")
+    (root / "train" / "horizontal" / "notes.txt").write_text("not an image")
+    logger, said = logging.getLogger("project.data.folder"), Lines()
+    logger.addHandler(said)
+    try:
+        dm = attach(folder_dm(root, batch_size=2))
+        dm.setup("fit")  # lists the files again: said once
+    finally:
+        logger.removeHandler(said)
+    assert [line for line in said.lines if "skipped" in line] == [
+        f"{root / 'train'}: 2 file(s) skipped, not .jpg/.jpeg/.png: horizontal/notes.txt, vertical/anim.gif "
+        "(6 images used)"
+    ]
 
 
 def test_a_val_folder_is_the_validation_split(tmp_path: Path) -> None:

@@ -8,16 +8,19 @@ from __future__ import annotations
 import urllib.error
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torchvision
 from lightning.pytorch import Callback, LightningModule, Trainer
+from PIL import Image
 
 from project.__main__ import main
 from project.model import ImageClassifier
 from project.nets import build_network, classifier_head
 from project.toolkit.errors import ProjectError
 from tests.integration.test_strategy_runs import run_project
+from tests.support.image_folders import image_folder
 from tests.support.runs import one_error_line
 from tests.support.user_nets import sequential_convnet
 
@@ -253,3 +256,45 @@ def test_fine_tuning_under_ddp_keeps_the_backbone_and_pipeline_refuses_in_one_li
         "--model.freeze_backbone=true?); train it on one device, ddp or fsdp"
     ]
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("error:")
+
+
+def test_a_torchvision_weight_name_sets_the_datas_preprocessing_unless_given(
+    offline_hub: list[str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    weights = torchvision.models.get_model_weights("mobilenet_v2")["IMAGENET1K_V1"]
+    cache = tmp_path / "torch_home/hub/checkpoints"  # the download replaced by a local state dict of that name
+    cache.mkdir(parents=True)
+    saved_state(cache, "mobilenet_v2", name=weights.url.rpartition("/")[2])
+    root = image_folder(tmp_path / "photos", train=4, test=2)
+    run = ["fit", "--data=project.data.ImageFolderDataModule", f"--data.data_dir={root}", "--data.batch_size=4",
+           "--data.val_size=2", "--model.arch=mobilenet_v2", "--trainer.fast_dev_run=true",
+           "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"]  # fmt: skip
+    imagenet = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+
+    data = main([*run, "--model.weights=IMAGENET1K_V1"]).trainer.datamodule
+    options = {key: data.hparams[key] for key in ("image_size", "resize_size", "interpolation", "mean", "std")}
+    assert options == {"image_size": 224, "resize_size": 256, "interpolation": "bilinear", **imagenet}
+    assert data.channel_stats == (tuple(imagenet["mean"]), tuple(imagenet["std"]))
+    assert (
+        "model.weights=IMAGENET1K_V1 of mobilenet_v2: the data as its weights expect: data.image_size=224, "
+        "data.resize_size=256, data.mean=[0.485, 0.456, 0.406], data.std=[0.229, 0.224, 0.225], "
+        "data.interpolation=bilinear\n"
+    ) in capsys.readouterr().err
+    val = data._datasets["val"]  # an evaluated file: the weights' own transforms of it (resize 256, centre 224)
+    photo = torch.from_numpy(np.array(Image.open(val.images.paths[0]).convert("RGB"))).permute(2, 0, 1)
+    grey_level = 1 / (255 * min(imagenet["std"]))  # its uint8 resize rounds some pixels the other way
+    torch.testing.assert_close(val[0][0], weights.transforms()(photo), rtol=0, atol=grey_level + 1e-5)
+
+    given = ["--data.image_size=32", "--data.mean=[0.5,0.5,0.5]", "--data.std=[0.25,0.25,0.25]"]
+    data = main([*run, "--model.weights=IMAGENET1K_V1", *given]).trainer.datamodule
+    assert (data.hparams.image_size, data.hparams.resize_size, data.hparams.mean) == (32, None, [0.5] * 3)
+    assert (
+        "the data as its weights expect: data.interpolation=bilinear; left as set: data.image_size, data.mean, "
+        "data.resize_size, data.std\n"
+    ) in capsys.readouterr().err
+
+    saved_state(tmp_path, "mobilenet_v2")  # a state-dict file: the data's options as they are
+    data = main([*run, f"--model.weights={tmp_path / 'weights.pt'}"]).trainer.datamodule
+    assert (data.hparams.image_size, data.hparams.resize_size) == (112, None)
+    assert data.hparams.mean != imagenet["mean"]  # measured on the photos
+    assert "as its weights expect" not in capsys.readouterr().err

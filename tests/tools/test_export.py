@@ -20,6 +20,8 @@ import torch
 from PIL import Image
 
 from project.__main__ import main
+from project.model import ImageClassifier
+from project.toolkit.data.augmentation import to_model_input
 from tests.support import fixtures
 
 SMALL_NET = "--model.arch=tests.support.user_nets.sequential_convnet"
@@ -65,6 +67,23 @@ def test_the_exported_graphs_predict_what_predict_wrote(trained: Path, tmp_path:
     for logits in (onnx_logits, pt2_logits):
         assert agreement(logits.argmax(1), predicted) >= 0.99
     assert agreement(onnx_logits.argmax(1), pt2_logits.argmax(1)) >= 0.99
+
+
+def test_the_exported_graph_resizes_and_crops_as_evaluation_does(tiny_args: list[str], tmp_path: Path) -> None:
+    resizing = ["--data.resize_size=40", "--data.interpolation=bicubic"]  # as a torchvision weight name sets them
+    main(["fit", *tiny_args, SMALL_NET, *resizing, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
+    logs = tmp_path / "lightning_logs"
+    main(["export", "--ckpt_path=last", f"--logs={logs}", "--format=pt2", f"--out={tmp_path / 'm.pt2'}"])
+    program = torch.export.load(tmp_path / "m.pt2").module()
+    module = ImageClassifier.load_from_checkpoint(next(logs.rglob("last.ckpt")), weights_only=False).eval()
+    mean, std = fixtures.ColourImages.mean, fixtures.ColourImages.std
+    for shape in ((3, 3, 32, 32), (2, 3, 30, 45), (1, 3, 64, 41)):  # any size, landscape or portrait
+        images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(shape[2]))
+        with torch.no_grad():
+            expected = module(to_model_input(images, 32, mean, std, resize_size=40, interpolation="bicubic"))
+            got = program(images)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-2)  # bicubic: a grey level off here and there
+        assert torch.equal(got.argmax(1), expected.argmax(1))
 
 
 def image_files(folder: Path) -> list[Path]:

@@ -74,6 +74,19 @@ def test_to_model_input_is_the_torchvision_evaluation_transform(image_size: int,
     assert torch.equal(to_model_input(images[0], image_size, mean, std), batch[0])
 
 
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_to_model_input_resizes_the_shorter_side_then_crops_the_centre_as_torchvision(interpolation: str) -> None:
+    images = torch.randint(0, 256, (2, 3, 30, 45), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    mode = v2.InterpolationMode(interpolation)
+    steps = [v2.Resize(36, interpolation=mode, antialias=True), v2.CenterCrop(32)]  # weights.transforms()'s order
+    expected = v2.Compose([*steps, v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])(images)
+    batch = to_model_input(images, 32, MEAN, STD, resize_size=36, interpolation=interpolation)
+    torch.testing.assert_close(batch, expected, rtol=0, atol=1e-5)
+    portrait = to_model_input(images.transpose(-1, -2), 32, MEAN, STD)  # no resize_size: the shorter side to 32
+    expected = v2.Compose([v2.Resize(32, antialias=True), v2.CenterCrop(32)])(images.transpose(-1, -2))
+    torch.testing.assert_close(portrait, to_model_input(expected, 32, MEAN, STD), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("channels", [1, 3])
 def test_a_batch_is_augmented_as_its_images_one_at_a_time(channels: int) -> None:
     images = random_images(16, channels=channels)
@@ -110,6 +123,32 @@ def test_an_augmentation_gives_the_same_batches_on_both_input_paths(cifar_root: 
                 torch.manual_seed(image_seeds(0, 2, [index])[0])
                 expected = F.resize(USERS(images[index]), [32, 32], antialias=True)
             torch.testing.assert_close(image, to_model_input(expected, 32, *default.channel_stats), rtol=0, atol=0)
+
+
+def test_random_resized_crop_is_torchvisions_seeded_per_image_on_both_input_paths(cifar_root: Path) -> None:
+    options = dict(augmentation="random_resized_crop", resize_size=40, interpolation="bicubic")
+    default, on_device = (attach(make_dm(cifar_root, on_device=flag, **options)) for flag in (0, 1))
+    for dm in (default, on_device):
+        dm.setup("fit")
+        dm.setup("test")
+    on_device.trainer.current_epoch = 1
+    assert_same_batches(default, on_device, epoch=1)  # training, and evaluation resized to 40 and cropped to 32
+    images = torch.from_numpy(default._datasets["train"].images).permute(0, 3, 1, 2)
+    loader = default.train_dataloader()
+    loader.sampler.set_epoch(1)
+    order, (batch, _) = loader.sampler.shard()[:20], next(iter(loader))
+    recipe = v2.Compose(
+        [v2.RandomResizedCrop(32, interpolation=v2.InterpolationMode.BICUBIC), v2.RandomHorizontalFlip()]
+    )
+    for index, image in zip(order, batch, strict=True):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(image_seeds(0, 1, [index])[0])
+            expected = recipe(images[index])  # scale (0.08, 1), ratio (3/4, 4/3): torchvision's defaults
+        torch.testing.assert_close(image, to_model_input(expected, 32, *default.channel_stats), rtol=0, atol=0)
+    val_images = torch.from_numpy(default._datasets["val"].images[:20]).permute(0, 3, 1, 2)
+    (val_batch, _) = next(iter(default.val_dataloader()))
+    evaluation = v2.Compose([v2.Resize(40, interpolation=v2.InterpolationMode.BICUBIC), v2.CenterCrop(32)])
+    torch.testing.assert_close(val_batch, to_model_input(evaluation(val_images), 32, *default.channel_stats))
 
 
 def test_a_users_transform_by_its_class_path_trains_and_is_saved(tiny_args: list[str]) -> None:

@@ -21,7 +21,8 @@ log = get_logger(__name__)
 RUN_OPTIONS = ("compile", "compile_mode", "channels_last")  # how the network runs: the value given wins
 BUILD_OPTIONS = ("weights",)  # what the network starts from: null with a checkpoint (no longer read, may be gone)
 # What makes an evaluation see data as the checkpoint's training did (where and how it is loaded stay the command's).
-DATA_SETTINGS = ("image_size", "channels", "batch_size", "val_size", "split_seed", "synthetic", "synthetic_size")
+DATA_SETTINGS = ("image_size", "resize_size", "interpolation", "channels", "batch_size", "val_size", "split_seed")
+DATA_SETTINGS += ("synthetic", "synthetic_size")
 LEARNED = ("classes", "mean", "std")  # what the model learned with, where the data set has it as options
 
 

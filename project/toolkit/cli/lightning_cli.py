@@ -34,7 +34,7 @@ from project.toolkit.cli import checks, messages
 from project.toolkit.cli.checkpoint_settings import adopt_checkpoint_settings, adopt_data_set, check_classes
 from project.toolkit.cli.process_exit import leave_gloo_process_group
 from project.toolkit.cli.run_dirs import arrange_run_folder, runs_root
-from project.toolkit.cli.run_settings import callbacks_switched_off, derive_settings
+from project.toolkit.cli.run_settings import adopt_weights_preprocessing, callbacks_switched_off, derive_settings
 from project.toolkit.dotted import import_object, section_args
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger, silence_known_noise
@@ -120,6 +120,7 @@ class ProjectCLI(LightningCLI):
         deepspeed.check_deepspeed_choice(trainer.get("strategy"), trainer.get("accelerator"))
         derive_settings(self.subcommand, config)
         self._restore_run_options(config)  # after LightningCLI read the checkpoint
+        adopt_weights_preprocessing(config, self.argv)  # a torchvision weight name: the data its weights expect
         data = config.get("data")
         data_args = section_args(data)
         if data_args is not None and isinstance(data_args.get("image_size"), int):

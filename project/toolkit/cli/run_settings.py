@@ -1,16 +1,20 @@
 """Trainer and callback settings derived from the ones given, before the Trainer is built: a default callback a
 Trainer flag switches off is left out (and ``--callbacks.checkpoint=false`` turns its flag off); ``fast_dev_run``
 saves no checkpoint; ``--data.val_size=0`` means no validation and ``last.ckpt`` only; cuDNN autotuning unless
-deterministic; ``predict`` returns no predictions (``predictions.csv`` holds them) unless ``--return_predictions``.
+deterministic; ``predict`` returns no predictions (``predictions.csv`` holds them) unless ``--return_predictions``;
+a torchvision ``--model.weights`` name sets the data options its weights expect where they are not given.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from project.toolkit.cli.checkpoint_settings import command_line_keys, init_defaults
 from project.toolkit.cli.run_dirs import setting
+from project.toolkit.dotted import chosen_class, section_args
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger
+from project.toolkit.weights import weights_preprocessing
 
 log = get_logger(__name__)
 
@@ -50,3 +54,25 @@ def derive_settings(subcommand: str, config: Any) -> None:
             log.info("data.val_size=0: training on every image, no validation; checkpoints keep last.ckpt only")
     if subcommand == "predict" and config.get("return_predictions") is None:
         config.return_predictions = False
+
+
+def adopt_weights_preprocessing(config: Any, argv: list[str]) -> None:
+    """With a torchvision weight name (``--model.weights=IMAGENET1K_V2``), the data options of the weights' own
+    preprocessing (``weights.transforms()``) that the data set has and the user did not give, said in one line; the
+    crop and resize sizes go together. A state-dict file leaves the data's options as they are."""
+    model, data = section_args(config.get("model")), config.get("data")
+    data_args = section_args(data)
+    wanted = weights_preprocessing(model.get("weights"), model.get("arch")) if model is not None else None
+    if wanted is None or data_args is None:
+        return
+    defaults, typed = init_defaults(chosen_class(data)), command_line_keys(argv, "data")
+    given = {key for key in wanted if key in typed or key not in defaults or data_args.get(key) != defaults[key]}
+    if given & {"image_size", "resize_size"}:
+        given |= {"image_size", "resize_size"}
+    taken = {key: value for key, value in wanted.items() if key not in given and key in data_args}
+    for key, value in taken.items():
+        data_args[key] = value
+    said = ", ".join(f"data.{key}={value}" for key, value in taken.items()) or "nothing"
+    kept = sorted(f"data.{key}" for key in given if key in data_args)
+    kept_said = f"; left as set: {', '.join(kept)}" if kept else ""
+    log.info("model.weights=%s of %s: the data as its weights expect: %s%s", model.weights, model.arch, said, kept_said)

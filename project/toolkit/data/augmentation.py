@@ -1,7 +1,8 @@
 """The training augmentation as pure functions of ``(seed, epoch, image index)``: the same whatever the worker, order
 or resume, batched on the device or per image in workers. ``crop_flip`` (the default) is CIFAR's random crop of the
-zero-padded image and horizontal flip; ``none`` leaves the images as they are; a user's transform is run on each image
-with torch's generator seeded by the image's key."""
+zero-padded image and horizontal flip; ``random_resized_crop`` torchvision's RandomResizedCrop (the fine-tuning
+recipe's) and a flip; ``none`` leaves the images as they are; a user's transform and ``random_resized_crop`` run on
+each image with torch's generator seeded by the image's key."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from typing import Literal, Union
 
 import numpy as np
 import torch
+from torchvision.transforms import InterpolationMode, v2
 from torchvision.transforms.v2 import functional as F
 
 from project.toolkit.errors import DataError
 
 PADDING = 4  # px of zeros around the image before cropping: offsets 0..8 on each axis
-CROP_FLIP, NO_AUGMENTATION = "crop_flip", "none"
-Augmentation = Union[Literal["crop_flip", "none"], Callable]  # noqa: UP007  (jsonargparse reads the Union)
+CROP_FLIP, NO_AUGMENTATION, RANDOM_RESIZED_CROP = "crop_flip", "none", "random_resized_crop"
+Augmentation = Union[Literal["crop_flip", "none", "random_resized_crop"], Callable]  # noqa: UP007  (jsonargparse)
+Interpolation = Literal["bilinear", "bicubic"]  # of every resize: torchvision's weights ask for one of these
 
 
 @functools.lru_cache(maxsize=2)
@@ -53,11 +56,24 @@ def crop_and_flip(images: torch.Tensor, params: torch.Tensor, padding: int = PAD
     return picked.reshape(count, height, width, channels).permute(0, 3, 1, 2)
 
 
-def to_model_input(images: torch.Tensor, image_size: int, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    """uint8 ``(..., C, H, W)`` images resized to ``image_size``, scaled to 0..1 and normalised (as ``v2.Resize``,
+def to_model_input(
+    images: torch.Tensor,
+    image_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    resize_size: int | None = None,
+    interpolation: Interpolation = "bilinear",
+) -> torch.Tensor:
+    """uint8 ``(..., C, H, W)`` images with their shorter side resized to ``resize_size`` (None: ``image_size``), the
+    centre ``image_size`` square cropped, scaled to 0..1 and normalised (as ``v2.Resize``, ``CenterCrop``,
     ``ToDtype``, ``Normalize``), channels_last. On ``(H, W, C)`` pixels: uint8 resizing and multiply-add vectorise."""
+    height, width = images.shape[-2:]
+    short, side = min(height, width), resize_size or image_size
+    if short != side:  # integer sizes, as export's graph computes them
+        sides = [side * height // short, side * width // short]
+        images = F.resize(images, sides, interpolation=InterpolationMode(interpolation), antialias=True)
     if images.shape[-2:] != (image_size, image_size):
-        images = F.resize(images, [image_size, image_size], antialias=True)
+        images = F.center_crop(images, [image_size, image_size])
     pixels = images.movedim(-3, -1).to(torch.float32, memory_format=torch.contiguous_format)  # (..., H, W, C)
     scale, shift = _normalisation(tuple(pixels.shape[-3:]), tuple(mean), tuple(std), pixels.device)
     return pixels.mul_(scale).add_(shift).movedim(-1, -3)
@@ -92,11 +108,12 @@ def transform_each(transform: Callable, images: torch.Tensor, seeds: Sequence[in
 
 
 def check_augmentation(augmentation: Augmentation) -> None:
-    """Refuse, in one line, an augmentation that is neither ``crop_flip``, ``none`` nor a callable."""
-    if not (callable(augmentation) or isinstance(augmentation, str) and augmentation in (CROP_FLIP, NO_AUGMENTATION)):
+    """Refuse, in one line, an augmentation that is neither one of the named ones nor a callable."""
+    named = (CROP_FLIP, NO_AUGMENTATION, RANDOM_RESIZED_CROP)
+    if not (callable(augmentation) or isinstance(augmentation, str) and augmentation in named):
         raise DataError(
-            f"data.augmentation={augmentation!r} is not allowed: use crop_flip, none, or a transform (a callable's "
-            "import path)"
+            f"data.augmentation={augmentation!r} is not allowed: use crop_flip, random_resized_crop, none, or a "
+            "transform (a callable's import path)"
         )
 
 
@@ -121,11 +138,18 @@ def augment(
     std: Sequence[float],
     augmentation: Augmentation = CROP_FLIP,
     seeds: Sequence[int] = (),
+    resize_size: int | None = None,
+    interpolation: Interpolation = "bilinear",
 ) -> torch.Tensor:
     """``images`` augmented at their native size (cheaper than after the upscale), then :func:`to_model_input`:
-    :func:`crop_and_flip` by ``params``, none, or a user's transform seeded per image by ``seeds``."""
+    :func:`crop_and_flip` by ``params``, none, or a transform seeded per image by ``seeds`` (a user's, or
+    ``random_resized_crop``'s), whose images of ``image_size`` are neither resized nor cropped again."""
+    if augmentation == RANDOM_RESIZED_CROP:  # ImageNet's recipe: torchvision's scale (0.08, 1), ratio (3/4, 4/3)
+        mode = InterpolationMode(interpolation)
+        augmentation = v2.Compose([v2.RandomResizedCrop(image_size, interpolation=mode), v2.RandomHorizontalFlip()])
     if not isinstance(augmentation, str):
         images = transform_each(augmentation, images, seeds, image_size)
+        resize_size = None if images.shape[-2:] == (image_size, image_size) else resize_size  # the input already
     elif augmentation == CROP_FLIP:
         images = crop_and_flip(images, params)
-    return to_model_input(images, image_size, mean, std)
+    return to_model_input(images, image_size, mean, std, resize_size, interpolation)

@@ -20,7 +20,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from project.toolkit.data.augmentation import (
     CROP_FLIP,
+    RANDOM_RESIZED_CROP,
     Augmentation,
+    Interpolation,
     augment,
     check_augmentation,
     check_transform,
@@ -53,8 +55,8 @@ class ImageArrayDataModule(LightningDataModule):
     Args:
         data_dir: Folder that holds (or will hold) the data set's files.
         download: Download the data set if its files are missing.
-        image_size: Side of the square images fed to the model (the images are resized to it); null: the data
-            set's ``default_image_size`` (CIFAR-10: 112) or else the side of its declared ``image_shape``.
+        image_size: Side of the square images fed to the model, cropped from the centre of images resized to
+            ``resize_size``; null: the data set's ``default_image_size`` (CIFAR-10: 112) or else its ``image_shape``'s.
         batch_size: GLOBAL batch size: each of the run's N processes loads ``batch_size / N``. The default, 256, is
             lowered to a tenth of the training images where that is fewer (a small data set).
         num_workers: DataLoader workers per process; ``auto``: none on a CPU run, ``min(4, CPUs per process)`` else;
@@ -68,7 +70,11 @@ class ImageArrayDataModule(LightningDataModule):
         augmentation: The training images' augmentation: ``crop_flip`` (a random crop of the image padded by 4 px,
             and a horizontal flip), ``none``, or a transform of a uint8 ``(C, H, W)`` image to a uint8 image (an
             import path, or ``class_path``/``init_args`` such as ``torchvision.transforms.v2.RandAugment``), run on
-            each image at its stored size with torch's generator seeded by ``(seed, epoch, image)``.
+            each image at its stored size with torch's generator seeded by ``(seed, epoch, image)``;
+            ``random_resized_crop``: torchvision's RandomResizedCrop to ``image_size`` and a flip, seeded so too.
+        resize_size: The images' shorter side before the centre crop to ``image_size``; null: ``image_size``.
+        interpolation: Of every resize: ``bilinear`` or ``bicubic``. (A torchvision ``--model.weights`` name sets
+            ``image_size``, ``resize_size``, ``interpolation``, ``mean`` and ``std`` where they are not given.)
     """
 
     num_classes: int  # the CLI links it to model.num_classes
@@ -95,6 +101,8 @@ class ImageArrayDataModule(LightningDataModule):
         split_seed: int = 0,
         on_device: bool | Literal["auto"] = AUTO,
         augmentation: Augmentation = CROP_FLIP,
+        resize_size: int | None = None,
+        interpolation: Interpolation = "bilinear",
     ) -> None:
         super().__init__()
         self.channel_stats: ChannelStats | None = check_declarations(self)  # None: measured in setup
@@ -103,6 +111,7 @@ class ImageArrayDataModule(LightningDataModule):
         if image_size is None:
             image_size = self.default_image_size or max(self.image_shape[:2])
         minimums = {"image_size": (image_size, 1), "batch_size": (batch_size, 1), "synthetic_size": (synthetic_size, 2)}
+        minimums["resize_size"] = (image_size if resize_size is None else resize_size, image_size)  # the crop fits
         for name, (value, low) in minimums.items():
             if value < low:
                 raise DataError(f"data.{name}={value} is not allowed: it must be an integer >= {low}")
@@ -118,6 +127,7 @@ class ImageArrayDataModule(LightningDataModule):
         self.save_hyperparameters()
         self.hparams["image_size"] = image_size  # resolved: what the run trains at, as checkpoints record it
         self.data_dir, self.augmentation = Path(data_dir), augmentation  # hparams hold it as the options gave it
+        self._resizing = {"resize_size": resize_size, "interpolation": interpolation}  # of every image, as given
         self.label_names: list[str] = [str(i) for i in range(self.num_classes)]
         self._datasets: dict[str, ImageArrayDataset] = {}
         self._on_device: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # on_device: images, labels per split
@@ -173,6 +183,7 @@ class ImageArrayDataModule(LightningDataModule):
             if callable(self.augmentation):  # a user's transform: tried on one image before the first step
                 check_transform(self.augmentation, torch.from_numpy(np.asarray(images[train[0]])).permute(2, 0, 1))
             train_set = AugmentedImages(_take(images, train), labels[train], size, mean, std, self.augmentation)
+            train_set.resize_size, train_set.interpolation = self._resizing.values()
             self._datasets["train"] = train_set
             if own_val is not None:
                 images, labels = checked_split(self, *own_val, where=f"{type(self).__name__}.load_val_split()")
@@ -259,19 +270,14 @@ class ImageArrayDataModule(LightningDataModule):
             self.channel_stats = measure_channel_stats(images, sample)
             if "mean" in self.hparams and self.hparams.get("mean") is None:  # options: checkpoints carry them
                 self.hparams["mean"], self.hparams["std"] = list(self.channel_stats.mean), list(self.channel_stats.std)
-            log.info(
-                "%s normalises with the statistics of its %d training images: mean=%s std=%s "
-                "(declare them as the class's mean and std to skip measuring)",
-                type(self).__name__,
-                len(sample),
-                [round(v, 4) for v in self.channel_stats.mean],
-                [round(v, 4) for v in self.channel_stats.std],
-            )
+            said = "%s normalises with the statistics of its %d training images: mean=%s std=%s (declare them as "
+            rounded = [[round(v, 4) for v in values] for values in self.channel_stats]
+            log.info(said + "the class's mean and std to skip measuring)", type(self).__name__, len(sample), *rounded)
         return self.channel_stats
 
     def _evaluation_transform(self) -> partial:
         mean, std = self.channel_stats
-        return partial(to_model_input, image_size=self.hparams.image_size, mean=mean, std=std)
+        return partial(to_model_input, image_size=self.hparams.image_size, mean=mean, std=std, **self._resizing)
 
     def _move_to_device(self, splits: tuple[str, ...]) -> None:
         if self.trainer is None:
@@ -344,11 +350,11 @@ class ImageArrayDataModule(LightningDataModule):
     def _augmented(self, images: torch.Tensor, keys: torch.Tensor, epoch: int | None = None) -> torch.Tensor:
         """on_device: the images of ``keys``' rows ``[index, dy, dx, flip]``, augmented as in ``epoch`` (or now)."""
         index, augmentation, seeds = keys[:, 0], self.augmentation, []
-        if not isinstance(augmentation, str):  # a user's transform is seeded per image: it reads the indices
+        if callable(augmentation) or augmentation == RANDOM_RESIZED_CROP:  # seeded per image: it reads the indices
             epoch = self.trainer.current_epoch if epoch is None else epoch
             seeds = image_seeds(_run_seed(), epoch, index.tolist())
         size, (mean, std) = self.hparams.image_size, self.channel_stats
-        return augment(rows_of(images, index), keys[:, 1:], size, mean, std, augmentation, seeds)
+        return augment(rows_of(images, index), keys[:, 1:], size, mean, std, augmentation, seeds, **self._resizing)
 
     @property
     def num_workers(self) -> int:
@@ -377,7 +383,7 @@ class ImageArrayDataModule(LightningDataModule):
         else:
             images, labels = self._on_device["test" if self.trainer.testing or self.trainer.predicting else "val"]
             size, (mean, std) = self.hparams.image_size, self.channel_stats
-            batch = to_model_input(rows_of(images, batch), size, mean, std), labels[batch]
+            batch = to_model_input(rows_of(images, batch), size, mean, std, **self._resizing), labels[batch]
         return self.trainer.precision_plugin.convert_input(batch)
 
 

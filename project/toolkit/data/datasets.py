@@ -48,15 +48,19 @@ class AugmentedImages(ImageArrayDataset):
         mean: Sequence[float],
         std: Sequence[float],
         augmentation: Augmentation = CROP_FLIP,
+        resize_size: int | None = None,
+        interpolation: str = "bilinear",
     ) -> None:
         super().__init__(images, labels)
         self.image_size, self.mean, self.std, self.augmentation = image_size, mean, std, augmentation
+        self.resize_size, self.interpolation = resize_size, interpolation
 
     def __getitem__(self, key: EpochIndex) -> tuple[torch.Tensor, int]:
         params = torch.tensor(crop_and_flip_of(key, len(self)))[None]
-        image = torch.from_numpy(self.images[key : key + 1]).permute(0, 3, 1, 2)
+        image = torch.from_numpy(self.images[int(key)][None]).permute(0, 3, 1, 2)  # a file's: the whole photo
         seeds = image_seeds(key.seed, key.epoch, [key])
-        image = augment(image, params, self.image_size, self.mean, self.std, self.augmentation, seeds)
+        sizes = self.image_size, self.mean, self.std, self.augmentation, seeds, self.resize_size, self.interpolation
+        image = augment(image, params, *sizes)
         return image[0], int(self.labels[key])
 
 
