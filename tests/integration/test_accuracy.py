@@ -14,6 +14,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from project.__main__ import main
+from project.toolkit.callbacks.group import each_callback
 from project.toolkit.timing.callback import TimingCallback
 
 VAL_ACC = (0.2, 0.6, 0.4)  # what the model below "reaches" after each epoch
@@ -99,3 +100,13 @@ def test_a_target_outside_0_to_1_is_one_line(tiny_args: list[str], capsys, targe
         main(["fit", *tiny_args, f"--timing.target_acc={targets}"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: timing.target_acc=")
+
+
+def test_the_stripes_set_is_learned_on_a_cpu_in_a_few_epochs(tmp_path: Path) -> None:
+    # what the cpu-learn bench preset compares the strategies on: chance is 0.1; 8 epochs reach about 0.8
+    args = ["fit", "--data=project.data.stripes.StripesDataModule", "--model.arch=project.nets.small_convnet"]
+    args += ["--data.batch_size=64", "--data.num_workers=0", "--model.lr=0.05", "--trainer.accelerator=cpu"]
+    args += ["--trainer.max_epochs=3", "--trainer.enable_progress_bar=false", "--trainer.logger=false"]
+    cli = main([*args, f"--trainer.default_root_dir={tmp_path}", "--timing.target_acc=[0.3]"])
+    report = next(c for c in each_callback(cli.trainer) if isinstance(c, TimingCallback)).report
+    assert report["best_val_acc"] > 0.3 and report["seconds_to_target_acc"]["0.3"] is not None

@@ -171,9 +171,9 @@ def run_matrix(config: BenchConfig, cells: list[Cell], runs: Path) -> None:
         elapsed = time.perf_counter() - start
         left = elapsed / ran * (len(todo) - ran)
         ok = outcome["status"] == "ok"
-        result = f"ok{accuracy_text(run_folder(runs, cell))}" if ok else f"FAILED ({outcome['error']})"
+        result = "ok" if ok else f"FAILED ({outcome['error']})"
         times = f"in {outcome['cell_seconds']:.0f} s | elapsed {_clock(elapsed)} | left ~{_clock(left)}"
-        print(f"{prefix}: {result} {times}", flush=True)
+        print(f"{prefix}: {result} {times}{accuracy_text(run_folder(runs, cell)) if ok else ''}", flush=True)
 
 
 def accuracy_text(run: Path) -> str:
