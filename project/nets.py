@@ -14,7 +14,6 @@ Kept apart from the LightningModule so a network can be used, tested or swapped 
 from __future__ import annotations
 
 import difflib
-from collections import OrderedDict
 
 import torchvision
 from torch import nn
@@ -134,18 +133,3 @@ def network_blocks(net: nn.Module) -> list[tuple[str, nn.Module]] | None:
         head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(1), net.classifier)
         return [*((f"features.{i}", block) for i, block in enumerate(net.features)), ("classifier", head)]
     return default_blocks(net)
-
-
-def small_convnet(num_classes: int, in_channels: int = 3) -> nn.Sequential:
-    """A small network for 32 px images that trains in seconds on a CPU (``--model.arch=project.nets.small_convnet``):
-    three convolution blocks with BatchNorm and a linear head, an ``nn.Sequential`` that fsdp and pipeline split at
-    its four children."""
-
-    def block(inputs: int, outputs: int, stride: int) -> nn.Sequential:
-        conv = nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False)
-        return nn.Sequential(conv, nn.BatchNorm2d(outputs), nn.ReLU(inplace=True))
-
-    head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(1), nn.Linear(64, num_classes))
-    return nn.Sequential(
-        OrderedDict(stem=block(in_channels, 16, 1), block1=block(16, 32, 2), block2=block(32, 64, 2), head=head)
-    )

@@ -104,7 +104,7 @@ def test_a_target_outside_0_to_1_is_one_line(tiny_args: list[str], capsys, targe
 
 def test_the_stripes_set_is_learned_on_a_cpu_in_a_few_epochs(tmp_path: Path) -> None:
     # what the cpu-learn bench preset compares the strategies on: chance is 0.1; 8 epochs reach about 0.8
-    args = ["fit", "--data=project.data.stripes.StripesDataModule", "--model.arch=project.nets.small_convnet"]
+    args = ["fit", "--data=project.data.stripes.StripesDataModule", "--model.arch=project.data.stripes.small_convnet"]
     args += ["--data.batch_size=64", "--data.num_workers=0", "--model.lr=0.05", "--trainer.accelerator=cpu"]
     args += ["--trainer.max_epochs=3", "--trainer.enable_progress_bar=false", "--trainer.logger=false"]
     cli = main([*args, f"--trainer.default_root_dir={tmp_path}", "--timing.target_acc=[0.3]"])

@@ -91,6 +91,14 @@ def test_compare_shows_the_runs_accuracy(tmp_path: Path) -> None:
     assert (
         "| 1000.0 | 80.0 | 79.0 | 0.7: 10.0 |" in text and "| pipeline | 2 | small | 64 | 32-true | 1 | 70.0 |" in text
     )
+    # runs that set no target and ran no test: their accuracy, "–" for the rest
+    for run in ("single-32-true-seed0", "single-32-true-seed1"):
+        timing = json.loads((tmp_path / "runs" / run / "timing.json").read_text())
+        del timing["test_acc"], timing["target_acc"], timing["seconds_to_target_acc"]
+        (tmp_path / "runs" / run / "timing.json").write_text(json.dumps(timing))
+    compare([str(tmp_path / "runs")], tmp_path / "out", "python -m project compare runs")
+    text = (tmp_path / "out" / "results.md").read_text()
+    assert "| single | 1 | small | 64 | 32-true | 2 | 81.0 ± 1.4 | 0.0 | – | – | 1000.0 ± 0.0 |" in text
 
 
 def test_a_finished_cells_progress_line_says_its_accuracy(tmp_path: Path) -> None:
@@ -109,7 +117,7 @@ def test_the_learnable_preset_runs_every_strategy_with_three_seeds_to_one_target
     assert {c.precision for c in cells if c.strategy == "single"} == {"32-true", "bf16-mixed"}
     assert config.target_acc == 0.7 and all(c.batch_size == 64 for c in cells)
     assert "--data=project.data.stripes.StripesDataModule" in config.args
-    assert yaml.safe_load(bench.config_path("cpu-learn").read_text())["archs"] == ["project.nets.small_convnet"]
+    assert yaml.safe_load(bench.config_path("cpu-learn").read_text())["archs"] == ["project.data.stripes.small_convnet"]
 
 
 def oracle(images: np.ndarray) -> np.ndarray:

@@ -192,7 +192,6 @@ class TimingCallback(Callback):
         report = {**run_description(trainer, pl_module)}
         numbers = records.summarise_fit(self._epochs, gathered_records)
         numbers.update(self._work(trainer, "train", numbers["train_samples_per_second"]))
-        numbers.update(records.summarise_accuracy(self._val_acc, self.target_acc))
         report.update({k: clean(v) if isinstance(v, float) else v for k, v in numbers.items()})
         report.update(peak_memory_mb=memory, peak_memory_devices=labels)
         if bubble is not None:  # a pipeline: each stage's share of its step time spent waiting, per rank
@@ -206,6 +205,7 @@ class TimingCallback(Callback):
         for rank, parts in enumerate(step_anatomy["ranks"] if step_anatomy else []):
             scalars.update({f"time/step_anatomy/{k}/rank{rank}": v for k, v in parts.items() if k in anatomy.FIELDS})
         scalars |= _memory_and_bubble("summary/", labels, memory, bubble)
+        report.update(records.summarise_accuracy(self._val_acc, self.target_acc))  # val/acc is a scalar already
         self._publish(trainer, report, scalars, step=epoch_end_step(trainer), title="fit")
         path = data.input_path if (data := image_data(trainer)) is not None else None
         if advice := path and data_wait_advice(report["data_wait_fraction"], path, machine_of(trainer)):

@@ -113,6 +113,8 @@ def accuracy_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
 
     def spread(values: list[Any], digits: int, scale: float = 1.0) -> str:
         present = [v * scale for v in values if _is_number(v)]
+        if not present:
+            return MISSING
         return _pm(statistics.fmean(present), statistics.stdev(present) if len(present) > 1 else None, digits)
 
     baseline = {key[2:]: group for key, group in groups.items() if key[0] == SINGLE}
@@ -124,8 +126,10 @@ def accuracy_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
         row = [strategy, str(devices), arch, str(batch), precision, str(len(group))]
         row += [spread([r["best_val_acc"] for r in group], 1, 100), _num(delta, 1)]
         row += [spread([r.get("test_acc") for r in group], 1, 100)]
-        times = [next(iter((r.get("seconds_to_target_acc") or {None: None}).values())) for r in group]
-        row += [f"{spread(times, 1)} ({sum(_is_number(t) for t in times)}/{len(group)})"]
+        targets = [r.get("seconds_to_target_acc") for r in group]
+        times = [next(iter(t.values()), None) if isinstance(t, dict) else None for t in targets]
+        reached = f" ({sum(_is_number(t) for t in times)}/{len(group)})" if any(targets) else ""
+        row += [spread(times, 1) + reached]
         out.append(row + [spread([r.get("train_samples_per_second") for r in group], 1)])
     return out
 
