@@ -298,6 +298,7 @@ def test_two_ddp_processes_report_every_rank(tiny_args: list[str], tmp_path: Pat
     assert report["strategy"] == "ddp" and report["world_size"] == 2 and report["devices"] == 2
     assert report["peak_memory_devices"] == ["rank0", "rank1"]
     assert len(report["peak_memory_mb"]) == 2 and min(report["peak_memory_mb"]) > 0
+    assert 0 <= report["last_val_acc"] <= report["best_val_acc"] <= 1  # val/acc: the same on every rank
     # the global batch of 20 is split 10 + 10: an epoch counts the samples of both ranks
     assert [e["samples"] for e in report["epochs"]] == [60, 60]
     assert report["train_samples_per_second"] > 0

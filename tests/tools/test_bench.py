@@ -86,7 +86,8 @@ def test_a_bad_matrix_file_is_one_line(tmp_path: Path, capsys, settings: object,
 def test_a_missing_matrix_file_is_one_line(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         bench.main(["--config", str(tmp_path / "nowhere.yaml"), "--out", str(tmp_path / "out")])
-    line = f"error: bench --config {tmp_path / 'nowhere.yaml'}: no such file, nor a preset (cpu-smoke, gpu1, seed)"
+    presets = "cpu-learn, cpu-smoke, gpu1, seed"
+    line = f"error: bench --config {tmp_path / 'nowhere.yaml'}: no such file, nor a preset ({presets})"
     assert capsys.readouterr().err.strip() == line
 
 

@@ -44,7 +44,9 @@ def test_a_wheel_install_runs_fit_export_and_finds_the_bench_presets(tmp_path: P
     assert run(["-c", "import project; print(project.__file__)"], work, site).strip() == str(
         site / "project" / "__init__.py"
     )
-    assert "Presets: cpu-smoke, gpu1, seed." in " ".join(run(["-m", "project", "bench", "--help"], work, site).split())
+    assert "Presets: cpu-learn, cpu-smoke, gpu1, seed." in " ".join(
+        run(["-m", "project", "bench", "--help"], work, site).split()
+    )
     listed = run(
         [
             "-c",

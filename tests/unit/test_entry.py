@@ -34,7 +34,7 @@ def test_bench_help_lists_the_presets(capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     assert exit_info.value.code == 0
     assert out.startswith("usage: python -m project bench")
-    assert "Presets: cpu-smoke, gpu1, seed." in " ".join(out.split())
+    assert "Presets: cpu-learn, cpu-smoke, gpu1, seed." in " ".join(out.split())
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,7 @@ class TimingCallback(Callback):
         cpu_estimate_iterations: On a CPU, the training iterations after the first (which pays for start-up) timed
             to estimate the fit's time.
         cpu_estimate_min_minutes: Say that estimate, with the faster choices, only for a fit expected to take longer.
+        target_acc: Validation accuracies (each in (0, 1]) whose time to reach the fit reports; none by default.
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class TimingCallback(Callback):
         anatomy_steps: int = 5,
         cpu_estimate_iterations: int = 3,
         cpu_estimate_min_minutes: float = 10.0,
+        target_acc: list[float] | None = None,
     ):
         if warmup_iterations < 0:
             raise ProjectError(f"timing.warmup_iterations={warmup_iterations} is not allowed: it must be >= 0")
@@ -69,7 +71,10 @@ class TimingCallback(Callback):
             raise ProjectError(f"timing.peak_tflops={peak_tflops} is not allowed: it must be a number > 0 or null")
         if anatomy_steps < 0:
             raise ProjectError(f"timing.anatomy_steps={anatomy_steps} is not allowed: it must be >= 0 (0: off)")
+        if any(not 0 < t <= 1 for t in target_acc or []):
+            raise ProjectError(f"timing.target_acc={target_acc} is not allowed: it must be a list of numbers in (0, 1]")
         self.warmup_iterations, self.anatomy_steps = warmup_iterations, anatomy_steps
+        self.target_acc = sorted(set(target_acc or []))
         self.sync_every_step, self.peak_tflops = sync_every_step, peak_tflops
         self.cpu_estimate_iterations, self.cpu_estimate_min_minutes = cpu_estimate_iterations, cpu_estimate_min_minutes
         self._estimating = False  # a CPU fit's first steps: timed for the estimate_line
@@ -81,6 +86,7 @@ class TimingCallback(Callback):
         self._train = TrainRecorder(self._clock, 0.0)
         self._inference = InferenceRecorder(self._clock)
         self._epochs: list[dict[str, Any]] = []
+        self._val_acc: list[tuple[int, float, float]] = []  # (epoch, val/acc, seconds since the fit's start) per run
         self._flops: dict[str, float] | None = None
         self._network: dict[str, Any] | None = None
         self._anatomy = anatomy.AnatomyWindow(self._clock, 0, 0)
@@ -98,7 +104,7 @@ class TimingCallback(Callback):
             self._network = counted(trainer, pl_module, network_profile, blocks=units)
         if stage == "fit":  # the clock of fit_seconds starts here: the data is set up, the model not yet
             self._train = TrainRecorder(self._clock, self._clock.wait())
-            self._epochs = []
+            self._epochs, self._val_acc = [], []
             self._anatomy = anatomy.AnatomyWindow(self._clock, self.anatomy_steps, self.warmup_iterations)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -153,7 +159,10 @@ class TimingCallback(Callback):
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self._train.end_validation(self._clock.wait())
+            now = self._clock.wait()
+            self._train.end_validation(now)
+            if (acc := trainer.callback_metrics.get("val/acc")) is not None:  # equal on every rank; read after the wait
+                self._val_acc.append((trainer.current_epoch, float(acc), now - self._train.fit_start))
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._anatomy.epoch_ended()
@@ -196,6 +205,7 @@ class TimingCallback(Callback):
         for rank, parts in enumerate(step_anatomy["ranks"] if step_anatomy else []):
             scalars.update({f"time/step_anatomy/{k}/rank{rank}": v for k, v in parts.items() if k in anatomy.FIELDS})
         scalars |= _memory_and_bubble("summary/", labels, memory, bubble)
+        report.update(records.summarise_accuracy(self._val_acc, self.target_acc))  # val/acc is a scalar already
         self._publish(trainer, report, scalars, step=epoch_end_step(trainer), title="fit")
         path = data.input_path if (data := image_data(trainer)) is not None else None
         if advice := path and data_wait_advice(report["data_wait_fraction"], path, machine_of(trainer)):
@@ -234,6 +244,8 @@ class TimingCallback(Callback):
         work = self._work(trainer, "inference", report[f"{stage}_samples_per_second"])
         report.update({f"{stage}_tflops_per_second": work["inference_tflops_per_second"], f"{stage}_mfu": work["mfu"]})
         report.update({f"{stage}_peak_memory_mb": memory, f"{stage}_peak_memory_devices": labels})
+        if stage == "test" and (acc := trainer.callback_metrics.get("test/acc")) is not None:
+            report["test_acc"] = clean(float(acc))
         scalars = {f"time/{stage}/batch_latency_ms_{k}": v for k, v in report[f"{stage}_batch_latency_ms"].items()}
         for key in ("sample_latency_ms", "samples_per_second", "tflops_per_second", "mfu"):
             scalars[f"time/{stage}/{key}"] = report[f"{stage}_{key}"]

@@ -256,6 +256,20 @@ def summarise_fit(epochs: list[dict[str, Any]], records: list[FitRecord]) -> dic
     }
 
 
+def summarise_accuracy(runs: list[tuple[int, float, float]], targets: list[float]) -> dict[str, Any]:
+    """The fit's ``val/acc`` from its ``(epoch, accuracy, seconds since the fit's start)`` per validation: the best
+    (the first such run) and its epoch, the last, and per target the seconds to the first run at or above it."""
+    best = max(runs, key=lambda run: run[1], default=None)
+    reached = {f"{t:g}": next((clean(s, 3) for _, acc, s in runs if acc >= t), None) for t in targets}
+    return {
+        "best_val_acc": clean(best[1]) if best else None,
+        "best_val_acc_epoch": best[0] if best else None,
+        "last_val_acc": clean(runs[-1][1]) if runs else None,
+        "target_acc": targets,
+        "seconds_to_target_acc": reached,
+    }
+
+
 def summarise_inference(stage: str, records: list[InferenceRecord], sample_copies: int = 1) -> dict[str, Any]:
     """Test or predict numbers: the slowest rank's latencies, all ranks' samples over the slowest rank's time."""
     slowest = _slowest(records, "latency_mean")

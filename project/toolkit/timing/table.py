@@ -44,6 +44,12 @@ def format_table(report: dict[str, Any], stage: str) -> str:
             ("work", work_text(*(report.get(k) for k in ("train_tflops_per_second", "mfu", *BANDWIDTH)))),
             ("validation run", number(report["val_epoch_seconds_mean"], 2, " s")),
         ]
+        if report.get("best_val_acc") is not None:
+            best, epoch, last = (report[k] for k in ("best_val_acc", "best_val_acc_epoch", "last_val_acc"))
+            rows.append(("val accuracy", f"best {best:.3f} (epoch {epoch}), last {number(last, 3)}"))
+        if reached := report.get("seconds_to_target_acc"):
+            times = (f"{target}: {number(s, 2, ' s', 'not reached')}" for target, s in reached.items())
+            rows.append(("time to accuracy", ", ".join(times)))
         if report.get("bubble_fraction"):  # a pipeline
             bubble = (f"rank{r} {number(v, 1, ' %', scale=100)}" for r, v in enumerate(report["bubble_fraction"]))
             rows.append(("pipeline bubble", ", ".join(bubble)))
@@ -58,6 +64,8 @@ def format_table(report: dict[str, Any], stage: str) -> str:
             ("throughput", number(report[f"{stage}_samples_per_second"], 1, " samples/s (all ranks)")),
             ("work", work_text(report.get(f"{stage}_tflops_per_second"), report.get(f"{stage}_mfu"))),
         ]
+        if report.get(f"{stage}_acc") is not None:
+            rows.append(("accuracy", number(report[f"{stage}_acc"], 3)))
     prefix = "" if stage == "fit" else f"{stage}_"
     memory = zip(report[f"{prefix}peak_memory_devices"], report[f"{prefix}peak_memory_mb"], strict=True)
     rows.append(("peak memory", ", ".join(f"{label} {number(mb, 0, ' MiB')}" for label, mb in memory)))

@@ -19,13 +19,18 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def label(row: dict[str, Any], work: bool = True) -> str:
-    """A bar's label: strategy, devices, batch, precision (and variant), and (``work``) training TFLOP/s and MFU."""
+def label(row: dict[str, Any], work: bool = True, accuracy: bool = False) -> str:
+    """A bar's label: strategy, devices, batch, precision (and variant), and (``work``) training TFLOP/s and MFU, or
+    (``accuracy``) the best val accuracy and the seconds to the first target."""
     text = f"{row['bench_strategy']} x{row['devices']}" + (f" {row['variant']}" if row.get("variant") else "")
     text += f"\nb{row['batch_size']} {row['precision']}"
     tflops, mfu = _number(row.get("train_tflops_per_second")), _number(row.get("mfu"))
     if work and tflops is not None:
         text += f"\n{tflops:.3g} TFLOP/s" + ("" if mfu is None else f", MFU {100 * mfu:.1f} %")
+    if accuracy and (best := _number(row.get("best_val_acc"))) is not None:
+        text += f"\nval acc {100 * best:.1f} %"
+        for target, seconds in list((row.get("seconds_to_target_acc") or {}).items())[:1]:
+            text += f"\n{target}: " + ("not reached" if seconds is None else f"{seconds:.3g} s")
     return text
 
 
@@ -36,9 +41,12 @@ def _bars(axis: Any, positions: list[float], values: list[float | None], **kwarg
     axis.bar_label(axis.bar(positions, heights, **kwargs), labels=texts, fontsize=7, padding=2)
 
 
-def _axes(axis: Any, cells: list[dict[str, Any]], title: str, ylabel: str, margin: float, work: bool = False) -> None:
+def _axes(
+    axis: Any, cells: list[dict[str, Any]], title: str, ylabel: str, margin: float, work: bool = False,
+    accuracy: bool = False,
+) -> None:  # fmt: skip
     axis.set_title(title)
-    axis.set_xticks(range(len(cells)), [label(r, work) for r in cells], fontsize=8)
+    axis.set_xticks(range(len(cells)), [label(r, work, accuracy) for r in cells], fontsize=8)
     axis.set_ylabel(ylabel)
     axis.margins(y=margin)  # room for the labels or the legend above the bars
 
@@ -63,7 +71,7 @@ def _throughput_panel(axis: Any, cells: list[dict[str, Any]], arch: str) -> None
     test = [_number(r.get("test_samples_per_second")) for r in cells]
     _bars(axis, [p - width / 2 for p in positions], train, width=width, label="train samples/s", color="tab:green")
     _bars(axis, [p + width / 2 for p in positions], test, width=width, label="test samples/s", color="tab:olive")
-    _axes(axis, cells, f"{arch}: throughput (bars) and test latency (points)", "samples / s", 0.35)
+    _axes(axis, cells, f"{arch}: throughput (bars) and test latency (points)", "samples / s", 0.35, accuracy=True)
     latency = axis.twinx()
     p50, p90 = ([_number((r.get("test_batch_latency_ms") or {}).get(p)) for r in cells] for p in ("p50", "p90"))
     centre = [math.nan if v is None else v for v in p50]

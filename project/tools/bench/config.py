@@ -40,7 +40,9 @@ def strategy_options(strategy: str) -> list[str]:
 @dataclass(frozen=True)
 class BenchConfig:
     """A benchmark matrix, as read from YAML. ``devices``: the counts of the multi-device strategies (``single``
-    runs on one); ``variants``: name -> options appended to every cell's ``args``."""
+    runs on one); ``variants``: name -> options appended to every cell's ``args``; ``strategy_archs`` and
+    ``strategy_precisions``: a strategy's archs and precisions, where not all; ``target_acc``: the validation
+    accuracy whose time to reach every cell reports (``--timing.target_acc``)."""
 
     strategies: list[str]
     archs: list[str]
@@ -57,6 +59,8 @@ class BenchConfig:
     timeout_minutes: float = 60.0
     variants: dict[str, list[str]] = field(default_factory=lambda: {"": []})
     strategy_archs: dict[str, list[str]] = field(default_factory=dict)
+    strategy_precisions: dict[str, list[str]] = field(default_factory=dict)
+    target_acc: float | None = None
 
     def variant_names(self) -> list[str]:
         """The variants as cells name them: ``[""]`` (not shown) when there is only one."""
@@ -108,6 +112,14 @@ _RULES: dict[str, tuple[Any, str]] = {
         lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_list_of(a, str) for k, a in v.items()),
         "a mapping of strategy names to the archs they run for, e.g. {pipeline-mb4: [resnet50]}",
     ),
+    "strategy_precisions": (
+        lambda v: isinstance(v, dict) and all(isinstance(k, str) and _is_list_of(p, str) for k, p in v.items()),
+        "a mapping of strategy names to the precisions they run at, e.g. {single: [32-true, bf16-mixed]}",
+    ),
+    "target_acc": (
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 1,
+        "a number in (0, 1], the validation accuracy each cell's time is taken to",
+    ),
 }
 _REQUIRED = ("strategies", "archs", "batch_sizes")
 
@@ -157,7 +169,8 @@ def expand(config: BenchConfig) -> list[Cell]:
     cells = []
     grid = product(config.archs, config.batch_sizes, config.precision, config.variant_names(), config.strategies)
     for arch, batch_size, precision, variant, strategy in grid:
-        if arch in config.strategy_archs.get(strategy, [arch]):
+        runs_arch = arch in config.strategy_archs.get(strategy, [arch])
+        if runs_arch and precision in config.strategy_precisions.get(strategy, [precision]):
             counts = [1] if strategy == SINGLE else config.devices
             cells += [Cell(strategy, arch, batch_size, n, precision, variant) for n in counts]
     return list(dict.fromkeys(cells))  # a strategy listed twice runs once

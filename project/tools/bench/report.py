@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import statistics
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ ENVIRONMENT_KEYS = ("device_name", "device_count", "cpu_model", "cpu_cores", "cu
 ENVIRONMENT_KEYS += ("lightning", "torchvision", "python", "hostname", "git_commit", "git_dirty", "date")
 PER_CELL = ("date",)  # differs from cell to cell by nature: not a difference of environment
 MISSING = "–"  # a figure a cell did not record
+FULL_PRECISION = "32-true"  # the accuracy's reference: the single device at full precision, where it ran
 
 
 def _baseline_key(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -95,6 +97,57 @@ def anatomy_rows(row: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def reached_text(row: dict[str, Any]) -> str:
+    """``0.7: 3.2; 0.9: –``: seconds from the fit's start to each target validation accuracy ("–": not reached)."""
+    reached = row.get("seconds_to_target_acc")
+    return "; ".join(f"{t}: {_num(s, 1)}" for t, s in reached.items()) if isinstance(reached, dict) else MISSING
+
+
+def accuracy_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """Per strategy, devices, arch, batch and precision: the accuracy and the time to the target over its variants
+    (seeds), mean ± std, and the difference of the mean best val accuracy from the single device's."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["status"] == "ok" and _is_number(r.get("best_val_acc")):
+            groups.setdefault((r["bench_strategy"], r["devices"], *_baseline_key(r)[:3]), []).append(r)
+
+    def spread(values: list[Any], digits: int, scale: float = 1.0) -> str:
+        present = [v * scale for v in values if _is_number(v)]
+        if not present:
+            return MISSING
+        return _pm(statistics.fmean(present), statistics.stdev(present) if len(present) > 1 else None, digits)
+
+    baseline = {key[2:]: group for key, group in groups.items() if key[0] == SINGLE}
+    out = []
+    for (strategy, devices, arch, batch, precision), group in groups.items():
+        best = statistics.fmean(r["best_val_acc"] for r in group)
+        single = baseline.get((arch, batch, FULL_PRECISION)) or baseline.get((arch, batch, precision))
+        delta = 100 * (best - statistics.fmean(r["best_val_acc"] for r in single)) if single else None
+        row = [strategy, str(devices), arch, str(batch), precision, str(len(group))]
+        row += [spread([r["best_val_acc"] for r in group], 1, 100), _num(delta, 1)]
+        row += [spread([r.get("test_acc") for r in group], 1, 100)]
+        targets = [r.get("seconds_to_target_acc") for r in group]
+        times = [next(iter(t.values()), None) if isinstance(t, dict) else None for t in targets]
+        reached = f" ({sum(_is_number(t) for t in times)}/{len(group)})" if any(targets) else ""
+        row += [spread(times, 1) + reached]
+        out.append(row + [spread([r.get("train_samples_per_second") for r in group], 1)])
+    return out
+
+
+def accuracy_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The accuracy table, where a cell recorded one."""
+    table = accuracy_rows(rows)
+    if not table:
+        return []
+    header = ["strategy", "devices", "arch", "global batch", "precision", "runs", "best val acc %"]
+    header += ["vs single (points)", "test acc %", "s to target (reached)", "samples/s"]
+    text = ["## Accuracy per strategy, over its runs (mean ± std)", ""]
+    text += ["Runs: the cells of the strategy (its variants, e.g. seeds); vs single: the difference of the mean best"]
+    text += ["val accuracy from the single device's at 32-true (where it ran, else at the same precision), in"]
+    text += ["percentage points; s to target: over the runs that reached the first target (how many did)."]
+    return text + ["", markdown_table(header, table), ""]
+
+
 def _text(value: Any) -> str:
     """A value for a markdown cell: "–" for a missing one, no column breaks."""
     if value is None or value == "":
@@ -149,6 +202,7 @@ def write_markdown(
         bubble = get("bubble_fraction")  # ``62 / 8``: a pipeline's bubble of each rank (stage), in %
         bubble = " / ".join(_num(v, 0, 100) for v in bubble) if isinstance(bubble, list) and bubble else MISSING
         row += [_num(get("data_wait_fraction"), 1, 100), bubble, _num(get("train_samples_per_second"), 1)]
+        row += [_num(get("best_val_acc"), 1, 100), _num(get("test_acc"), 1, 100), reached_text(r)]
         row += [_significant(get("train_tflops_per_second")), _num(get("mfu"), 1, 100)]
         training.append([*row, MISSING if s is None else f"{s:.2f}x"])
         latency = r.get("test_batch_latency_ms") or {}
@@ -163,6 +217,7 @@ def write_markdown(
     ]
     header = ["cell", "strategy", "arch", "global batch", "devices", "precision", *(["variant"] if variants else [])]
     header += ["total s", "s/epoch", "first epoch s", "s/iteration", "data wait %", "bubble %", "samples/s"]
+    header += ["best val acc %", "test acc %", "s to val acc"]
     header += ["TFLOP/s", "MFU %", "speed-up"]
     latency_header = ["cell", "ms/batch", "p50 ms", "p90 ms", "p99 ms", "ms/sample", "samples/s", "TFLOP/s", "MFU %"]
     anatomy_header = ["cell", "rank", "step s", "data", "compute (fwd + bwd)", "comm", "optim", "bubble", "rest", "sum"]
@@ -182,12 +237,15 @@ def write_markdown(
         + (", variant)." if variants else ")."),
         "TFLOP/s: the network's FLOPs per training (inference) sample times samples/s, all ranks; MFU: that",
         'over the peak of the cell\'s devices at its precision, "–" where the peak is unknown (a CPU).',
+        "Accuracy: the fit's best validation accuracy and the test accuracy of its last checkpoint; s to val acc:",
+        "seconds from the fit's start to the end of the first validation at or above each target (`docs/timing.md`).",
         "",
         *environment_section(rows),
         "## Training",
         "",
         markdown_table(header, training),
         "",
+        *accuracy_section(rows),
         "## Inference (test)",
         "",
         markdown_table(latency_header, inference),
