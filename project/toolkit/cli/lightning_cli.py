@@ -74,12 +74,43 @@ class ProjectCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         self.argv = [str(word) for word in (sys.argv[1:] if args is None else args if isinstance(args, list) else [])]
+        self.data_from_checkpoint = False  # whether --data= was taken from --ckpt_path's checkpoint
         try:
-            super().parse_arguments(parser, args)
+            try:
+                super().parse_arguments(parser, args)
+            except ArgumentError:  # perhaps --data.<option>s of the checkpoint's data class, which --data= left out
+                argv = self._with_checkpoint_data_class(parser)
+                if argv is None:
+                    raise
+                super().parse_arguments(parser, argv)
         except ArgumentError as err:  # a mistyped option: name the nearest one there is
             raise ArgumentError(None, messages.with_option_hints(str(err), self.option_names())) from None
         if self.config.get("subcommand"):
             self._resolve_ckpt_path(self.config["subcommand"])
+
+    def _with_checkpoint_data_class(self, parser: LightningArgumentParser) -> list[str] | None:
+        """The command line with ``--data=`` the data class of the checkpoint ``--ckpt_path`` names, before the
+        ``--data.<option>``s given without a class; None where that is not the case or the class is the default."""
+        options = [i for i, word in enumerate(self.argv) if word.startswith("--data.")]
+        if not options or any(word.partition("=")[0] in ("--data", "--data.class_path") for word in self.argv):
+            return None
+        values = {i + 1 for i in options if "=" not in self.argv[i]}  # --data.option VALUE
+        try:  # the command without its data options: where the checkpoint is
+            super().parse_arguments(parser, [w for i, w in enumerate(self.argv) if i not in {*options, *values}])
+        except ArgumentError:
+            return None
+        subcommand = self.config.get("subcommand")
+        config = self.config.get(subcommand)
+        path = config and config.get("ckpt_path")
+        if path in ("last", "best"):
+            path = find_checkpoint(path, runs_root(config.trainer), allow_none=subcommand == "fit")
+        checkpoint = check_checkpoint_file(path) if path and Path(path).is_file() else None
+        saved = (checkpoint or {}).get("datamodule_hyper_parameters") or {}
+        if saved.get("_class_path") in (None, (config.get("data") or {}).get("class_path")):
+            return None
+        self.data_from_checkpoint = True
+        at = options[0]  # the class before its options; the checkpoint as found (once)
+        return [*self.argv[:at], f"--data={saved['_class_path']}", *self.argv[at:], f"--ckpt_path={path}"]
 
     def option_names(self) -> list[str]:
         """Every option of the trainer commands, as typed (``--data.image_size``, not ``--data.init_args...``)."""
@@ -104,7 +135,7 @@ class ProjectCLI(LightningCLI):
         if not deepspeed.is_deepspeed_checkpoint(config.ckpt_path):
             checkpoint = check_checkpoint_file(config.ckpt_path)
             if checkpoint is not None:  # a file: the data set and settings it was trained with, against the options
-                adopt_data_set(config, config.ckpt_path, checkpoint, self.argv)
+                adopt_data_set(config, config.ckpt_path, checkpoint, self.argv, self.data_from_checkpoint)
                 check_classes(config.ckpt_path, checkpoint, checks.data_num_classes(config.get("data")))
                 self._restore_run_options = adopt_checkpoint_settings(
                     config, config.ckpt_path, checkpoint, self.model_class, self.argv
