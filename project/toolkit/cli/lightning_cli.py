@@ -76,41 +76,35 @@ class ProjectCLI(LightningCLI):
         self.argv = [str(word) for word in (sys.argv[1:] if args is None else args if isinstance(args, list) else [])]
         self.data_from_checkpoint = False  # whether --data= was taken from --ckpt_path's checkpoint
         try:
-            try:
-                super().parse_arguments(parser, args)
-            except ArgumentError:  # perhaps --data.<option>s of the checkpoint's data class, which --data= left out
-                argv = self._with_checkpoint_data_class(parser)
-                if argv is None:
-                    raise
-                super().parse_arguments(parser, argv)
-        except ArgumentError as err:  # a mistyped option: name the nearest one there is
-            raise ArgumentError(None, messages.with_option_hints(str(err), self.option_names())) from None
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:  # a mistyped option (name the nearest one), or one of the checkpoint's data set
+            if not self._parse_with_checkpoint_data_class(parser):
+                raise ArgumentError(None, messages.with_option_hints(str(err), self.option_names())) from None
         if self.config.get("subcommand"):
             self._resolve_ckpt_path(self.config["subcommand"])
 
-    def _with_checkpoint_data_class(self, parser: LightningArgumentParser) -> list[str] | None:
-        """The command line with ``--data=`` the data class of the checkpoint ``--ckpt_path`` names, before the
-        ``--data.<option>``s given without a class; None where that is not the case or the class is the default."""
-        options = [i for i, word in enumerate(self.argv) if word.startswith("--data.")]
-        if not options or any(word.partition("=")[0] in ("--data", "--data.class_path") for word in self.argv):
-            return None
-        values = {i + 1 for i in options if "=" not in self.argv[i]}  # --data.option VALUE
-        try:  # the command without its data options: where the checkpoint is
-            super().parse_arguments(parser, [w for i, w in enumerate(self.argv) if i not in {*options, *values}])
+    def _parse_with_checkpoint_data_class(self, parser: LightningArgumentParser) -> bool:
+        """Parse the command line with ``--data=`` the class of ``--ckpt_path``'s data set, where ``--data.<option>``s
+        are given without a class; False where they are not, or the class is the default already."""
+        given = [i for i, word in enumerate(self.argv) if word.startswith("--data.")]
+        if not given or any(word.partition("=")[0] in ("--data", "--data.class_path") for word in self.argv):
+            return False
+        without = {*given, *(i + 1 for i in given if "=" not in self.argv[i])}  # --data.option [VALUE]
+        try:  # the command without them: where the checkpoint is
+            super().parse_arguments(parser, [word for i, word in enumerate(self.argv) if i not in without])
         except ArgumentError:
-            return None
-        subcommand = self.config.get("subcommand")
-        config = self.config.get(subcommand)
-        path = config and config.get("ckpt_path")
-        if path in ("last", "best"):
+            return False
+        config = self.config.get(subcommand := self.config.get("subcommand"), self.config)
+        if (path := config.get("ckpt_path")) in ("last", "best"):
             path = find_checkpoint(path, runs_root(config.trainer), allow_none=subcommand == "fit")
-        checkpoint = check_checkpoint_file(path) if path and Path(path).is_file() else None
-        saved = (checkpoint or {}).get("datamodule_hyper_parameters") or {}
-        if saved.get("_class_path") in (None, (config.get("data") or {}).get("class_path")):
-            return None
-        self.data_from_checkpoint = True
-        at = options[0]  # the class before its options; the checkpoint as found (once)
-        return [*self.argv[:at], f"--data={saved['_class_path']}", *self.argv[at:], f"--ckpt_path={path}"]
+        checkpoint = check_checkpoint_file(path) if path and Path(path).is_file() else {}
+        class_path = (checkpoint.get("datamodule_hyper_parameters") or {}).get("_class_path")
+        if class_path in (None, (config.get("data") or {}).get("class_path")):
+            return False
+        self.data_from_checkpoint = True  # the class before its options; the checkpoint as found (once)
+        argv = [*self.argv[: given[0]], f"--data={class_path}", *self.argv[given[0] :], f"--ckpt_path={path}"]
+        super().parse_arguments(parser, argv)
+        return True
 
     def option_names(self) -> list[str]:
         """Every option of the trainer commands, as typed (``--data.image_size``, not ``--data.init_args...``)."""

@@ -30,7 +30,6 @@ class ParallelizableModule(Protocol):
     def prepare_images(self, images: torch.Tensor) -> torch.Tensor: ...  # what forward does before net
 
     # (mean loss, predicted classes); dp_balanced, pipeline replace it (pipeline also forward: net(prepare_images))
-    # pipeline has run this loss's backward in it: training_step must return the loss unchanged (else refused)
     def training_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 

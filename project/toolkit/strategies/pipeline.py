@@ -212,15 +212,12 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """The module's step, refused in one line where the loss it returns is not the one the schedule trained."""
-        self._loss = None
-        output = super().training_step(*args, **kwargs)
+        output, module = super().training_step(*args, **kwargs), type(self.lightning_module).__name__
         loss = output.get("loss") if isinstance(output, Mapping) else output
         if loss is not None and loss is not self._loss:  # on every rank alike: each refuses, none waits
             raise ProjectError(
-                f"--trainer.strategy=pipeline trains the loss `training_loss(images, labels)` returns (its schedule "
-                f"runs the backward stage by stage), but {type(self.lightning_module).__name__}.training_step returned "
-                "another (a term added, a loss of self(images)), which would train nothing: return that loss as it "
-                "is and put the change in `criterion(logits, labels)`, or use ddp or fsdp, which train any loss"
+                f"--trainer.strategy=pipeline trains the loss `training_loss(images, labels)` returns, as is; {module}"
+                ".training_step returned another (a regulariser? a loss of self(images)?): put it in criterion, or ddp"
             )
         return output
 
