@@ -15,6 +15,7 @@ from project.data import ImageFiles, ImageFolderDataModule
 from project.model import ImageClassifier
 from project.toolkit.data.augmentation import to_model_input
 from tests.support.image_folders import CLASSES, image_folder
+from tests.support.runs import one_error_line
 
 FOLDER = "--data=project.data.ImageFolderDataModule"
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.accelerator=cpu"]
@@ -94,6 +95,22 @@ def test_only_options_given_are_reported_as_given(fitted: tuple[Path, Path], cap
     assert "as given" not in err and "data.batch_size=8" in err  # adopted from the checkpoint, silently given
     main(["test", f"--ckpt_path={last}", FOLDER, f"--data.data_dir={data}", "--data.batch_size=4", *QUIET])
     assert "running with data.batch_size=4 as given" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", [["--data.test_folder=train"], ["--data.test_folder", "train"]], ids=["=", "space"])
+def test_options_of_the_checkpoints_data_set_are_taken_without_naming_it_again(
+    fitted: tuple[Path, Path], option: list[str], capsys: pytest.CaptureFixture
+) -> None:
+    data, run = fitted
+    root = f"--trainer.default_root_dir={run.parent.parent}"
+    cli = main(["test", "--ckpt_path=best", *option, root, *QUIET])  # no --data=: the checkpoint's data set
+    hparams = cli.datamodule.hparams
+    assert type(cli.datamodule) is ImageFolderDataModule and hparams.test_folder == "train"
+    assert hparams.data_dir == str(data) and hparams.image_size == 24  # the fit's, from the checkpoint
+    assert "test/acc" in cli.trainer.callback_metrics
+    assert capsys.readouterr().err.count("--ckpt_path=best: ") == 1  # the checkpoint is found once
+    line = one_error_line("test", ["--ckpt_path=best", "--data.test_foldr=train", root, *QUIET], capsys)
+    assert "--data.test_foldr" in line  # a misspelt option is still refused
 
 
 def test_the_default_batch_is_lowered_on_a_small_folder_and_workers_capped(

@@ -7,7 +7,11 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +20,7 @@ from torch.distributed.pipelining import PipelineStage
 from torchvision.models import mobilenet_v2, resnet18, resnet50
 
 from project.__main__ import main
+from project.model import ImageClassifier
 from project.nets import network_blocks
 from project.toolkit.blocks import Block, as_blocks
 from project.toolkit.errors import ProjectError
@@ -87,6 +92,13 @@ def test_bad_options_are_refused(options: dict, message: str) -> None:
 def test_a_batch_that_does_not_split_into_micro_batches_is_refused() -> None:
     with pytest.raises(ProjectError, match="a batch of 6 images does not split into trainer.strategy.micro_batches=4"):
         PipelineStrategy(micro_batches=4)._training_loss(torch.zeros(6, 3, 8, 8), torch.zeros(6, dtype=torch.long))
+
+
+def test_a_training_step_returning_another_loss_than_the_schedules_is_refused() -> None:
+    strategy = PipelineStrategy(micro_batches=1)
+    strategy.module_view = SimpleNamespace(training_step=lambda batch, batch_idx: torch.tensor(2.0))
+    with pytest.raises(ProjectError, match=r"trains the loss `training_loss\(images, labels\)` returns, as is"):
+        strategy.training_step((torch.zeros(2, 3, 8, 8), torch.zeros(2, dtype=torch.long)), 0)
 
 
 def test_one_device_is_refused_in_one_line(tiny_args: list[str], capsys: pytest.CaptureFixture) -> None:
@@ -286,3 +298,38 @@ def test_pipeline_runs_match_one_device_resume_exactly_and_serve_a_single_device
     # the pipeline's last.ckpt on one device, without the strategy
     test_metrics = recorded(piped / "test", "test")["metrics"]
     assert {k: test_metrics[k] for k in ("test/acc", "test/loss")} == pytest.approx(evaluate(last, "test"), rel=1e-5)
+
+
+class MixupLikeClassifier(ImageClassifier):
+    """A training step as mixup writes it: the loss of ``self(images)``, not of ``training_loss``."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        return self.criterion(self(images), labels)
+
+
+class RegularisedClassifier(ImageClassifier):
+    """A regulariser added to the loss ``training_loss`` gave."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        penalty = sum(p.square().sum() for p in self.parameters())
+        return super().training_step(batch, batch_idx) + 1e-4 * penalty
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", [MixupLikeClassifier, RegularisedClassifier], ids=["self-images", "regulariser"])
+def test_a_loss_the_pipeline_would_not_train_is_one_error_line(
+    module: type, tiny_args: list[str], tmp_path: Path
+) -> None:
+    """The pipeline's schedule runs the backward of ``training_loss``'s loss itself: a step that returns another
+    one is refused on every rank in one line, not trained as if it were the schedule's (or not at all)."""
+    script = tmp_path / "train.py"  # the toolkit's command line with a user's module, as a launcher reruns it
+    script.write_text(f"from project.toolkit.cli import main\nmain(model='{__name__}.{module.__name__}')\n")
+    args = [*tiny_args, "--trainer.strategy=pipeline", "--trainer.devices=2", "--trainer.max_epochs=1"]
+    args += ["--trainer.limit_train_batches=2", "--trainer.num_sanity_val_steps=0", "--model.arch=resnet18"]
+    done = subprocess.run(
+        [sys.executable, str(script), "fit", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr[-3000:]
+    assert f"{module.__name__}.training_step returned another" in errors[0] and "in criterion, or ddp" in errors[0]

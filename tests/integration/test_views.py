@@ -5,14 +5,20 @@ scalar on the global-step axis."""
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
+from urllib.parse import quote
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from project.__main__ import main
-from project.toolkit.callbacks.views import HPARAM_METRICS, LAYOUT
+from project.toolkit.callbacks.views import FIRST_CARDS, HPARAM_METRICS, LAYOUT
+from project.tools.bench.config import BenchConfig, Cell
+from project.tools.bench.matrix import cell_args
 
 
 def read_run(run: Path, command: int = 0) -> EventAccumulator:
@@ -28,11 +34,16 @@ def steps(accumulator: EventAccumulator, tag: str) -> list[int]:
     return [event.step for event in accumulator.Scalars(tag)]
 
 
-def test_a_fit_writes_real_hparams_the_layout_and_one_step_axis(tiny_args: list[str], tmp_path: Path) -> None:
+def test_a_fit_writes_real_hparams_the_layout_and_one_step_axis(
+    tiny_args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     main(["fit", *tiny_args, "--trainer.max_epochs=2", "--trainer.limit_train_batches=3"])
     run = read_run(tmp_path / "lightning_logs" / "version_0")
     tags = set(run.Tags()["scalars"])
-    assert "hp_metric" not in tags  # Lightning's placeholder -1
+    # the link the run prints opens TensorBoard's first tab on accuracy and loss, nothing else
+    assert f"http://localhost:6006/?tagFilter={quote(FIRST_CARDS, safe='')}#timeseries" in capsys.readouterr().out
+    assert {tag for tag in tags if re.search(FIRST_CARDS, tag)} == {"train/acc", "train/loss", "val/acc", "val/loss"}
+    assert "hp_metric" not in tags and "epoch" not in tags  # Lightning's placeholder -1, and its epoch staircase
     assert set(HPARAM_METRICS) <= tags, set(HPARAM_METRICS) - tags
 
     # one x axis: an epoch's time and memory at the step of its train/acc and val/acc (3 steps an epoch)
@@ -67,7 +78,7 @@ def test_a_fit_writes_real_hparams_the_layout_and_one_step_axis(tiny_args: list[
     main(["test", *tiny_args, "--ckpt_path=last"])
     test_run = read_run(tmp_path / "lightning_logs" / "version_0", command=1)
     test_tags = set(test_run.Tags()["scalars"])
-    assert "hp_metric" not in test_tags and "time/test/samples_per_second" in test_tags
+    assert not {"hp_metric", "epoch"} & test_tags and "time/test/samples_per_second" in test_tags
     assert steps(test_run, "time/test/samples_per_second") == steps(test_run, "test/acc")
 
     # the run folder compared from the timing.json the fit and the test wrote into it
@@ -87,3 +98,20 @@ def test_without_validation_or_timing_no_hparams_are_written(tiny_args: list[str
     assert not any(m.plugin_data.plugin_name == "hparams" for m in run.summary_metadata.values())
     assert not {"hp_metric", *HPARAM_METRICS} & set(run.Tags()["scalars"])
     assert "train/loss_step" in run.Tags()["scalars"]  # the run itself was logged
+
+
+def test_a_bench_cells_logger_writes_no_placeholder_card_nor_column(tiny_args: list[str], tmp_path: Path) -> None:
+    config = BenchConfig(strategies=["single"], archs=["mobilenet_v2"], batch_sizes=[20])
+    cell = cell_args(config, Cell("single", "mobilenet_v2", 20, 1, "32-true"), tmp_path)
+    logger = [arg for arg in cell if arg.startswith("--trainer.logger.")]  # the TensorBoard run a cell writes
+    main(["fit", *tiny_args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", *logger])
+    (events,) = tmp_path.glob("*/lightning_logs/version_0/events.out.tfevents.*")
+    summaries = [value for event in EventFileLoader(str(events)).Load() for value in event.summary.value]
+    scalars = {value.tag for value in summaries if value.metadata.plugin_data.plugin_name == "scalars"}
+    assert not {"hp_metric", "epoch"} & scalars and "val/acc" in scalars
+    sessions = [  # every session the HPARAMS tab shows, each with its columns
+        plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content).session_start_info.hparams
+        for value in summaries
+        if value.tag == "_hparams_/session_start_info"
+    ]
+    assert sessions and all("_instantiator" not in values and "strategy" in values for values in sessions)

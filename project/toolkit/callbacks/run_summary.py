@@ -7,11 +7,13 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 
+from project.toolkit.callbacks.views import FIRST_CARDS
 from project.toolkit.helpers import shown_path
 
 # The epoch metrics the model logs (project/model.py), in the order they are shown.
@@ -69,8 +71,8 @@ def summary_lines(trainer: Trainer, stage: str, log_dir: str | None) -> list[str
             lines.append(f"  {'MLflow run:':<17} {logger.run_id} in {name}: {ui} --backend-store-uri {uri}")
     if any(isinstance(logger, TensorBoardLogger) for logger in trainer.loggers):
         lines.append(
-            f"  open in TensorBoard: tensorboard --logdir {shown_path(folder.parent)}, then its side-by-side "
-            "charts: http://localhost:6006/#custom_scalars"
+            f"  open in TensorBoard: tensorboard --logdir {shown_path(folder.parent)}, then accuracy and loss: "
+            f"http://localhost:6006/?tagFilter={quote(FIRST_CARDS, safe='')}#timeseries, side by side: #custom_scalars"
         )
     return lines
 

@@ -1,20 +1,20 @@
-"""What a run shows in TensorBoard beyond its scalars (:class:`TensorBoardViews`): a custom-scalars layout (charts side
-by side, every run overlaid) and, at the end of fit, the hyperparameters against real metrics (the HPARAMS tab)."""
+"""What a run shows in TensorBoard: no placeholder cards (:class:`TensorBoardLogger`), the first (:data:`FIRST_CARDS`),
+a custom-scalars layout and, after fit, the hyperparameters against real metrics (:class:`TensorBoardViews`)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer, loggers
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
 
 from project.toolkit.callbacks.group import find_callback
 from project.toolkit.interfaces import data_settings
 from project.toolkit.timing.callback import TimingCallback
 from project.toolkit.timing.report import run_description
 
+FIRST_CARDS = r"^(train|val)/(acc|loss)$"  # TIME SERIES, TensorBoard's first tab, filtered by the link runs print
 # Category title -> chart title -> the tags (regular expressions) it overlays.
 LAYOUT: dict[str, dict[str, list[str]]] = {
     "training": {
@@ -38,6 +38,16 @@ HPARAM_METRICS = tuple(
 )
 
 
+class TensorBoardLogger(loggers.TensorBoardLogger):
+    """Lightning's TensorBoard logger without placeholder cards: ``default_hp_metric`` off, no ``epoch`` scalar."""
+
+    def __init__(self, *args: Any, default_hp_metric: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, default_hp_metric=default_hp_metric, **kwargs)
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        super().log_metrics({name: value for name, value in metrics.items() if name != "epoch"}, step)
+
+
 class TensorBoardViews(Callback):
     """Writes the custom-scalars layout into each TensorBoard run and, after fit, the HPARAMS tab (put after timing);
     other loggers get the run's setup (strategy, devices, precision, ...) as params."""
@@ -50,7 +60,7 @@ class TensorBoardViews(Callback):
             # Other loggers (CSV, MLflow) get the run's setup; Lightning then logs the model's and data's options (left
             # out here: MLflow refuses a param logged again with another value).
             own = {*pl_module.hparams, *data_settings(trainer)}
-            for logger in [logger for logger in trainer.loggers if not isinstance(logger, TensorBoardLogger)]:
+            for logger in [logger for logger in trainer.loggers if not isinstance(logger, loggers.TensorBoardLogger)]:
                 logger.log_hyperparams({k: v for k, v in run_hparams(trainer, pl_module).items() if k not in own})
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -65,8 +75,8 @@ class TensorBoardViews(Callback):
             logger.log_hyperparams(params, metrics=metrics, step=step)
 
 
-def _tensorboard_loggers(trainer: Trainer) -> list[TensorBoardLogger]:
-    return [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
+def _tensorboard_loggers(trainer: Trainer) -> list[loggers.TensorBoardLogger]:
+    return [logger for logger in trainer.loggers if isinstance(logger, loggers.TensorBoardLogger)]
 
 
 def final_metrics(trainer: Trainer) -> dict[str, float | None]:

@@ -66,13 +66,13 @@ def _pairs(prefix: str, values: dict[str, Any], keys: list[str]) -> str:
     return ", ".join(f"{prefix}.{key}={values[key]}" for key in keys)
 
 
-def adopt_data_set(config: Any, ckpt_path: str | Path, checkpoint: dict[str, Any], argv: list[str]) -> None:
-    """The checkpoint's data set class and options in ``config``, unless ``--data=`` chooses one on the command
-    line: ``test`` and ``predict`` see the data the model was trained on, as they take its network."""
+def adopt_data_set(config: Any, ckpt_path: str | Path, checkpoint: dict, argv: list[str], taken: bool = False) -> None:
+    """The checkpoint's data set class and options in ``config`` (``taken``: its class is there already), unless
+    ``--data=`` chooses one on the command line: ``test`` and ``predict`` see the data the model was trained on."""
     saved = dict(checkpoint.get("datamodule_hyper_parameters") or {})
     class_path, data = saved.pop("_class_path", None), config.get("data")
     chosen = any(word.partition("=")[0] in ("--data", "--data.class_path") for word in argv)
-    if class_path is None or chosen or data is None or data.get("class_path") == class_path:
+    if class_path is None or chosen or data is None or (data.get("class_path") == class_path and not taken):
         return
     init_args = Namespace(**{key: value for key, value in saved.items() if not key.startswith("_")})
     parsed, given = section_args(data), sorted(command_line_keys(argv, "data"))

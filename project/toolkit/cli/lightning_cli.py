@@ -74,12 +74,37 @@ class ProjectCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         self.argv = [str(word) for word in (sys.argv[1:] if args is None else args if isinstance(args, list) else [])]
+        self.data_from_checkpoint = False  # whether --data= was taken from --ckpt_path's checkpoint
         try:
             super().parse_arguments(parser, args)
-        except ArgumentError as err:  # a mistyped option: name the nearest one there is
-            raise ArgumentError(None, messages.with_option_hints(str(err), self.option_names())) from None
+        except ArgumentError as err:  # a mistyped option (name the nearest one), or one of the checkpoint's data set
+            if not self._parse_with_checkpoint_data_class(parser):
+                raise ArgumentError(None, messages.with_option_hints(str(err), self.option_names())) from None
         if self.config.get("subcommand"):
             self._resolve_ckpt_path(self.config["subcommand"])
+
+    def _parse_with_checkpoint_data_class(self, parser: LightningArgumentParser) -> bool:
+        """Parse the command line with ``--data=`` the class of ``--ckpt_path``'s data set, where ``--data.<option>``s
+        are given without a class; False where they are not, or the class is the default already."""
+        given = [i for i, word in enumerate(self.argv) if word.startswith("--data.")]
+        if not given or any(word.partition("=")[0] in ("--data", "--data.class_path") for word in self.argv):
+            return False
+        without = {*given, *(i + 1 for i in given if "=" not in self.argv[i])}  # --data.option [VALUE]
+        try:  # the command without them: where the checkpoint is
+            super().parse_arguments(parser, [word for i, word in enumerate(self.argv) if i not in without])
+        except ArgumentError:
+            return False
+        config = self.config.get(subcommand := self.config.get("subcommand"), self.config)
+        if (path := config.get("ckpt_path")) in ("last", "best"):
+            path = find_checkpoint(path, runs_root(config.trainer), allow_none=subcommand == "fit")
+        checkpoint = check_checkpoint_file(path) if path and Path(path).is_file() else {}
+        class_path = (checkpoint.get("datamodule_hyper_parameters") or {}).get("_class_path")
+        if class_path in (None, (config.get("data") or {}).get("class_path")):
+            return False
+        self.data_from_checkpoint = True  # the class before its options; the checkpoint as found (once)
+        argv = [*self.argv[: given[0]], f"--data={class_path}", *self.argv[given[0] :], f"--ckpt_path={path}"]
+        super().parse_arguments(parser, argv)
+        return True
 
     def option_names(self) -> list[str]:
         """Every option of the trainer commands, as typed (``--data.image_size``, not ``--data.init_args...``)."""
@@ -106,7 +131,7 @@ class ProjectCLI(LightningCLI):
         if not deepspeed.is_deepspeed_checkpoint(config.ckpt_path):
             checkpoint = check_checkpoint_file(config.ckpt_path, trusted)
             if checkpoint is not None:  # a file: the data set and settings it was trained with, against the options
-                adopt_data_set(config, config.ckpt_path, checkpoint, self.argv)
+                adopt_data_set(config, config.ckpt_path, checkpoint, self.argv, self.data_from_checkpoint)
                 check_classes(config.ckpt_path, checkpoint, checks.data_num_classes(config.get("data")))
                 self._restore_run_options = adopt_checkpoint_settings(
                     config, config.ckpt_path, checkpoint, self.model_class, self.argv

@@ -24,7 +24,7 @@ from project.toolkit.dotted import section_args
 from project.toolkit.errors import ProjectError
 
 DEFAULT_LOGGER_NAME = "lightning_logs"  # Lightning's default logger's folder
-TENSORBOARD_LOGGER = "lightning.pytorch.loggers.TensorBoardLogger"  # Lightning's default logger
+TENSORBOARD_LOGGER = "project.toolkit.callbacks.views.TensorBoardLogger"  # Lightning's, without placeholders
 RECORDED = re.compile(r"version_\d+")  # a version (or MLflow run name) placed here, as config.yaml records it
 
 
@@ -112,8 +112,8 @@ def arrange_run_folder(subcommand: str, config: Any) -> str | None:
     version = fit_run.name if fit_run else f"version_{max(numbers, default=-1) + 1}"  # one for all the run's loggers
     if logger is False:
         trainer.default_root_dir = str(fit_run or root / version)
-    if logger in (None, True):  # Lightning's default logger, without its placeholder hp_metric=-1 (see views.py)
-        logger = trainer.logger = Namespace(class_path=TENSORBOARD_LOGGER, init_args=Namespace(default_hp_metric=False))
+    if logger in (None, True):  # Lightning's default logger, without its placeholder cards (see views.py)
+        logger = trainer.logger = Namespace(class_path=TENSORBOARD_LOGGER, init_args=Namespace())
     for entry in folder_loggers(logger):
         args = entry.init_args
         if fit_run is None:  # save_dir: relative to default_root_dir; a config.yaml's version_N: rerun as a new one

@@ -81,6 +81,7 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
         self._own_blocks: list[Block] = []
         self.parallel_plan: dict[str, Any] | None = None  # the stages, for timing.json
         self._gradients: list[tuple[torch.nn.Parameter, torch.Tensor | None]] = []
+        self._loss: torch.Tensor | None = None  # the step's loss, as training_loss returned it
         self._meter: BubbleMeter | None = None
 
     def set_world_ranks(self) -> None:
@@ -206,7 +207,19 @@ class PipelineStrategy(StepsThroughView, DDPStrategy):
             payload[1:] = logits.detach().argmax(dim=1)
         with self._meter.communication():
             dist.broadcast(payload, src=self.world_size - 1)
-        return payload[0], payload[1:].long()
+        self._loss = payload[0]
+        return self._loss, payload[1:].long()
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's step, refused in one line where the loss it returns is not the one the schedule trained."""
+        output, module = super().training_step(*args, **kwargs), type(self.lightning_module).__name__
+        loss = output.get("loss") if isinstance(output, Mapping) else output
+        if loss is not None and loss is not self._loss:  # on every rank alike: each refuses, none waits
+            raise ProjectError(
+                f"--trainer.strategy=pipeline trains the loss `training_loss(images, labels)` returns, as is; {module}"
+                ".training_step returned another (a regulariser? a loss of self(images)?): put it in criterion, or ddp"
+            )
+        return output
 
     def backward(
         self, closure_loss: torch.Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any

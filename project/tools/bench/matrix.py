@@ -30,7 +30,7 @@ def cell_args(config: BenchConfig, cell: Cell, runs: Path) -> list[str]:
     args += [f"--trainer.max_epochs={config.epochs}", f"--model.arch={cell.arch}"]
     args += [f"--data.batch_size={cell.batch_size}", f"--data.image_size={config.image_size}"]
     args += ["--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={runs / cell.name}"]
-    args += ["--trainer.logger.class_path=lightning.pytorch.loggers.TensorBoardLogger"]
+    args += ["--trainer.logger.class_path=project.toolkit.callbacks.views.TensorBoardLogger"]  # no placeholder cards
     args += [f"--trainer.logger.init_args.save_dir={runs / cell.name}", "--trainer.logger.init_args.version=0"]
     for key in LIMITS:
         if getattr(config, key) is not None:
