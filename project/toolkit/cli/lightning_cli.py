@@ -95,9 +95,10 @@ class ProjectCLI(LightningCLI):
         except ArgumentError:
             return False
         config = self.config.get(subcommand := self.config.get("subcommand"), self.config)
+        trusted = config.get("weights_only") is False
         if (path := config.get("ckpt_path")) in ("last", "best"):
-            path = find_checkpoint(path, runs_root(config.trainer), allow_none=subcommand == "fit")
-        checkpoint = check_checkpoint_file(path) if path and Path(path).is_file() else {}
+            path = find_checkpoint(path, runs_root(config.trainer), allow_none=subcommand == "fit", trusted=trusted)
+        checkpoint = check_checkpoint_file(path, trusted) if path and Path(path).is_file() else {}
         class_path = (checkpoint.get("datamodule_hyper_parameters") or {}).get("_class_path")
         if class_path in (None, (config.get("data") or {}).get("class_path")):
             return False
