@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from project.model import ImageClassifier
+from tests.integration.test_evaluation_report import confusion_of, read_confusion
 from tests.integration.test_strategies import last_checkpoint, recorded, recorder_args
 from tests.support.fixtures import ColourImages
 from tests.support.runs import free_port_below_ephemeral_range
@@ -143,6 +144,7 @@ def test_fit_validate_test(strategy: str, arch: str, tiny_args: list[str], tmp_p
         run_project(stage, *common, "--ckpt_path=last", *recorder_args(out), cwd=tmp_path)
         expected = evaluate(last, split)
         assert metrics(out, stage, split) == pytest.approx(expected, rel=1e-5)
+        assert read_confusion(run / f"confusion_{split}.csv") == confusion_of(last, split, val_size=41)  # all ranks'
     # the evaluations of the fit's checkpoint wrote into its folder (rank 0 alone: one config each)
     assert [p.name for p in runs.iterdir()] == ["version_0"]
     assert all((run / f"config-{stage}.yaml").is_file() for stage, _ in stages)
@@ -173,6 +175,8 @@ def test_a_users_sequential_network_is_pipelined_in_two_stages_and_the_plan_reco
     assert [name for stage in stages for name in stage["blocks"]] == USER_NET_BLOCKS  # in order, each once
     assert [stage["modules"] for stage in stages] == [stage["blocks"] for stage in stages]  # the children
     assert err.count("pipeline plan:") == 1
+    run = tmp_path / "lightning_logs/version_0"  # every stage saw every image; each counted once
+    assert read_confusion(run / "confusion_val.csv") == confusion_of(run / "checkpoints/last.ckpt", "val", val_size=40)
     for rank in (0, 1):  # trained and validated through the stages, without a write on the module object
         record = recorded(out, "fit", rank)
         assert record["params"]["local"] == stages[rank]["parameters"]

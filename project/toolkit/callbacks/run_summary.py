@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 from project.toolkit.helpers import shown_path
 
 # The epoch metrics the model logs (project/model.py), in the order they are shown.
-SHOWN_METRICS = [f"{stage}/{name}" for stage in ("train", "val", "test") for name in ("loss", "acc")]
+SHOWN_METRICS = [f"{stage}/{name}" for stage in ("train", "val", "test") for name in ("loss", "acc", "acc_top5")]
 
 
 class RunSummary(Callback):
