@@ -187,8 +187,8 @@ class ImageClassifier(LightningModule):
             metric.reset()
 
     def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        """The predicted class index of every image in the batch."""
-        return self(batch[0]).argmax(dim=1)
+        """The class probabilities of every image in the batch (``predictions.csv`` holds the top ones)."""
+        return self(batch[0]).softmax(dim=1)
 
     def configure_model(self) -> None:
         """With ``compile``, compile the network in place. Lightning calls this for fit, validate, test
