@@ -58,11 +58,12 @@ class PredictionWriter(BasePredictionWriter):
             shards: list[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(shards, seen)
             seen = {index: top for shard in shards for index, top in shard.items()}  # a pipeline's stages: the same
-        if trainer.global_rank != 0 or trainer.log_dir is None:
+        log_dir = trainer.log_dir  # every rank asks: Lightning broadcasts it from rank 0 (a collective)
+        if trainer.global_rank != 0 or log_dir is None:
             return
         data = image_data(trainer)
         names, files = (data.label_names, data.predict_names) if data is not None else (None, None)
-        path = Path(trainer.log_dir) / self.filename
+        path = Path(log_dir) / self.filename
         path.parent.mkdir(parents=True, exist_ok=True)
         k = len(next(iter(seen.values()))[0]) if seen else 0
         top = [f"top{i}_{column}" for i in range(1, k + 1) for column in ("name", "probability")]
