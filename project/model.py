@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from project.nets import build_network, classifier_head, network_blocks
 from project.toolkit.errors import ProjectError
-from project.toolkit.training import SampleMean, WarmupCosine, fusable, log_step_values, lr_for_batch
+from project.toolkit.training import ConfusionMatrix, SampleMean, WarmupCosine, fusable, log_step_values, lr_for_batch
 
 DEFAULT_LR = 0.1  # SGD's peak learning rate for the default global batch of 256
 
@@ -100,13 +100,13 @@ class ImageClassifier(LightningModule):
         if channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
-        # Loss and accuracy as means of per-image values (accuracy: 1 where the predicted class is right).
-        self.train_acc = SampleMean()
-        self.val_acc = SampleMean()
-        self.test_acc = SampleMean()
-        self.train_loss = SampleMean()
-        self.val_loss = SampleMean()
-        self.test_loss = SampleMean()
+        # Loss and accuracy as means of per-image values (accuracy: 1 where the predicted class is right), top-5 where
+        # there are 10 classes or more; confusion matrices, read and reset by the callback in callbacks/evaluation.py.
+        self.train_acc, self.val_acc, self.test_acc = SampleMean(), SampleMean(), SampleMean()
+        self.train_loss, self.val_loss, self.test_loss = SampleMean(), SampleMean(), SampleMean()
+        self.top5_names = ("acc_top5",) if num_classes >= 10 else ()
+        self.val_acc_top5, self.test_acc_top5 = SampleMean(), SampleMean()
+        self.val_confusion, self.test_confusion = ConfusionMatrix(num_classes), ConfusionMatrix(num_classes)
         self._compiled = False
 
     def train(self, mode: bool = True) -> ImageClassifier:
@@ -154,22 +154,25 @@ class ImageClassifier(LightningModule):
     def _evaluate(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> None:
         images, labels = batch
         logits = self(images)
-        hp = self.hparams
-        losses = F.cross_entropy(logits, labels, label_smoothing=hp.label_smoothing, reduction="none")
+        losses = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing, reduction="none")
         getattr(self, f"{stage}_loss").update(losses)
-        getattr(self, f"{stage}_acc").update(logits.argmax(dim=1) == labels)
+        predicted = logits.argmax(dim=1)
+        getattr(self, f"{stage}_acc").update(predicted == labels)
+        getattr(self, f"{stage}_confusion").update(predicted, labels)
+        if self.top5_names:
+            getattr(self, f"{stage}_acc_top5").update((logits.topk(5, dim=1).indices == labels[:, None]).any(dim=1))
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")
 
     def on_validation_epoch_end(self) -> None:
-        self._log_epoch_metrics("val", ("loss", "acc"), prog_bar=True)
+        self._log_epoch_metrics("val", ("loss", "acc", *self.top5_names), prog_bar=True)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "test")
 
     def on_test_epoch_end(self) -> None:
-        self._log_epoch_metrics("test", ("loss", "acc"))
+        self._log_epoch_metrics("test", ("loss", "acc", *self.top5_names))
 
     def _log_epoch_metrics(self, stage: str, names: tuple[str, ...], prog_bar: bool = False) -> None:
         """Log the epoch's ``<stage>/<name>`` metrics (reduced across ranks by torchmetrics) and reset
@@ -184,8 +187,8 @@ class ImageClassifier(LightningModule):
             metric.reset()
 
     def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        """The predicted class index of every image in the batch."""
-        return self(batch[0]).argmax(dim=1)
+        """The class probabilities of every image in the batch (``predictions.csv`` holds the top ones)."""
+        return self(batch[0]).softmax(dim=1)
 
     def configure_model(self) -> None:
         """With ``compile``, compile the network in place. Lightning calls this for fit, validate, test

@@ -1,5 +1,5 @@
-"""Generic LightningModule pieces: a warmed-up cosine schedule, a per-sample mean that never syncs, the steps the
-loggers write at, fused optimizers."""
+"""Generic LightningModule pieces: a warmed-up cosine schedule, a per-sample mean and a confusion matrix that never
+sync, the steps the loggers write at, fused optimizers."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassConfusionMatrix
 
 from project.toolkit.interfaces import data_settings, image_data
 from project.toolkit.log import get_logger
@@ -41,6 +42,13 @@ class SampleMean(MeanMetric):
     def reset(self) -> None:
         with torch.inference_mode(False):  # ordinary tensors: the next updates may come outside inference mode
             super().reset()
+
+
+class ConfusionMatrix(MulticlassConfusionMatrix):
+    """torchmetrics' confusion matrix (row: true class) without torch.bincount, which on a GPU waits for the device."""
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        self.confmat.view(-1).index_add_(0, target * self.num_classes + preds, torch.ones_like(target))
 
 
 def logging_step(step: int, trainer: Any) -> bool:

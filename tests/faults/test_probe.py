@@ -294,8 +294,8 @@ def test_arch_not_given_comes_from_the_checkpoint_and_is_said(
 
 def test_help_says_what_predict_writes() -> None:
     text = top_level_help("project.tools")
-    assert "probabilit" not in text
-    assert "predict   the predicted class of every test image (index and name), written to predictions.csv" in text
+    written = "the predicted class of every test image (name, probability, top 5), written to predictions.csv"
+    assert f"predict   {written}" in text
 
 
 def test_compare_without_matplotlib_writes_the_tables_and_exits_0(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Trainer
+from torch.utils.data import DataLoader, TensorDataset
 
 from project.data import CIFAR10DataModule
 from project.model import ImageClassifier
@@ -34,15 +35,40 @@ def test_predictions_csv_matches_the_model(
     )
     trainer.predict(model, datamodule=dm)
 
-    with open(Path(trainer.log_dir) / "predictions.csv") as f:
+    path = Path(trainer.log_dir) / "predictions.csv"
+    assert b"\r" not in path.read_bytes()  # LF line ends
+    with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     count = conftest.TEST_IMAGES if limit is None else limit * 16
     assert [int(r["index"]) for r in rows] == list(range(count))
     images = torch.stack([dm._datasets["test"][i][0] for i in range(count)])
     with torch.inference_mode():
-        expected = model(images).argmax(1).tolist()
-    assert [int(r["predicted"]) for r in rows] == expected
+        top = model(images).softmax(1).topk(5, dim=1)
+    assert [int(r["predicted"]) for r in rows] == top.indices[:, 0].tolist()
     assert all(r["predicted_name"] == conftest.LABEL_NAMES[int(r["predicted"])] for r in rows)
+    for row, probabilities, classes in zip(rows, top.values.tolist(), top.indices.tolist(), strict=True):
+        assert float(row["probability"]) == pytest.approx(probabilities[0], abs=5e-5)
+        assert [row[f"top{i}_name"] for i in range(1, 6)] == [conftest.LABEL_NAMES[c] for c in classes]
+        assert [float(row[f"top{i}_probability"]) for i in range(1, 6)] == pytest.approx(probabilities, abs=5e-5)
+
+
+def test_predictions_csv_holds_the_top_classes_there_are_up_to_five(tmp_path: Path) -> None:
+    model = ImageClassifier(arch="tests.support.user_nets.sequential_convnet", num_classes=3).eval()
+    images = torch.randn(6, 3, 32, 32)
+    loader = DataLoader(TensorDataset(images, torch.zeros(6, dtype=torch.long)), batch_size=4)
+    trainer = Trainer(accelerator="cpu", default_root_dir=tmp_path, callbacks=[PredictionWriter()], logger=False)
+    trainer.predict(model, loader)
+    with open(tmp_path / "predictions.csv", newline="") as f:
+        header, *rows = list(csv.reader(f))
+    tops = [f"top{i}_{column}" for i in range(1, 4) for column in ("name", "probability")]
+    assert header == ["index", "predicted", "predicted_name", "probability", *tops]  # no names: the class indices
+    with torch.inference_mode():
+        probabilities = model(images).softmax(1)
+    assert len(rows) == 6
+    for row, expected in zip(rows, probabilities.tolist(), strict=True):
+        assert row[1] == row[2] == row[4]  # the predicted class, its "name" and the first of the top 3
+        assert float(row[3]) == pytest.approx(max(expected), abs=5e-5)
+        assert sum(float(value) for value in row[5::2]) == pytest.approx(1, abs=1e-3)  # all 3 classes' probabilities
 
 
 class OneBatch:

@@ -4,6 +4,7 @@ Slow (each run starts Python, torch and Lightning), and still part of CI."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -17,8 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from project.model import ImageClassifier
+from tests.integration.test_evaluation_report import confusion_of, read_confusion
 from tests.integration.test_strategies import last_checkpoint, recorded, recorder_args
-from tests.support.fixtures import ColourImages
+from tests.support.fixtures import TEST_IMAGES, ColourImages
 from tests.support.runs import free_port_below_ephemeral_range
 from tests.support.user_nets import sequential_convnet
 
@@ -143,9 +145,13 @@ def test_fit_validate_test(strategy: str, arch: str, tiny_args: list[str], tmp_p
         run_project(stage, *common, "--ckpt_path=last", *recorder_args(out), cwd=tmp_path)
         expected = evaluate(last, split)
         assert metrics(out, stage, split) == pytest.approx(expected, rel=1e-5)
+        assert read_confusion(run / f"confusion_{split}.csv") == confusion_of(last, split, val_size=41)  # all ranks'
     # the evaluations of the fit's checkpoint wrote into its folder (rank 0 alone: one config each)
     assert [p.name for p in runs.iterdir()] == ["version_0"]
     assert all((run / f"config-{stage}.yaml").is_file() for stage, _ in stages)
+    if strategy == "ddp":  # predict too: each rank its share of the images, predictions.csv all of them once
+        run_project("predict", *common, "--ckpt_path=last", cwd=tmp_path)
+        assert [int(row["index"]) for row in csv.DictReader(open(run / "predictions.csv"))] == list(range(TEST_IMAGES))
 
 
 @pytest.mark.slow
@@ -153,13 +159,11 @@ def test_a_users_sequential_network_is_pipelined_in_two_stages_and_the_plan_reco
     tiny_args: list[str], tmp_path: Path
 ) -> None:
     out = tmp_path / "records"
+    pipeline = [*tiny_args, f"--model.arch={USER_NET}", f"--config={REPO / 'configs' / 'strategy' / 'pipeline.yaml'}"]
+    pipeline += ["--trainer.strategy.micro_batches=2", "--trainer.devices=2"]
     err = run_project(
         "fit",
-        *tiny_args,
-        f"--model.arch={USER_NET}",
-        f"--config={REPO / 'configs' / 'strategy' / 'pipeline.yaml'}",
-        "--trainer.strategy.micro_batches=2",
-        "--trainer.devices=2",
+        *pipeline,
         "--trainer.max_epochs=1",
         "--trainer.limit_train_batches=2",
         "--trainer.num_sanity_val_steps=0",
@@ -173,11 +177,16 @@ def test_a_users_sequential_network_is_pipelined_in_two_stages_and_the_plan_reco
     assert [name for stage in stages for name in stage["blocks"]] == USER_NET_BLOCKS  # in order, each once
     assert [stage["modules"] for stage in stages] == [stage["blocks"] for stage in stages]  # the children
     assert err.count("pipeline plan:") == 1
+    run = tmp_path / "lightning_logs/version_0"  # every stage saw every image; each counted once
+    assert read_confusion(run / "confusion_val.csv") == confusion_of(run / "checkpoints/last.ckpt", "val", val_size=40)
     for rank in (0, 1):  # trained and validated through the stages, without a write on the module object
         record = recorded(out, "fit", rank)
         assert record["params"]["local"] == stages[rank]["parameters"]
         assert len(record["losses"]) == 2 and record["val_batches"]
         assert record["module_writes"] and all(writes == [] for writes in record["module_writes"])
+    # predicted through the stages too: every stage predicts every image, predictions.csv holds each once
+    run_project("predict", *pipeline, "--ckpt_path=last", cwd=tmp_path)
+    assert [int(row["index"]) for row in csv.DictReader(open(run / "predictions.csv"))] == list(range(TEST_IMAGES))
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 from lightning.pytorch import Callback
 
 from project.toolkit.callbacks.checkpoints import Checkpoints
+from project.toolkit.callbacks.evaluation import EvaluationReport
 from project.toolkit.callbacks.guards import Guards
 from project.toolkit.callbacks.memory_reuse import HostMemoryReuse
 from project.toolkit.callbacks.precise_bn import PreciseBatchNorm
@@ -23,6 +24,7 @@ DEFAULT_CALLBACKS: dict[str, type[Callback]] = {
     "precise_bn": PreciseBatchNorm,  # after timing: its seconds are its own figure, not the epoch's
     "tensorboard_views": TensorBoardViews,  # after timing: it reports timing's figures as hparams
     "guards": Guards,
+    "evaluation": EvaluationReport,
     "predictions": PredictionWriter,
     "progress_bar": ProgressBar,
     "host_memory_reuse": HostMemoryReuse,
@@ -38,6 +40,7 @@ CHECKPOINT_DEFAULTS |= {"checkpoint.auto_insert_metric_name": False}
 # The commands a default callback has work in (one not named: every command; the checkpoint and reseed ones stay
 # in all, as Lightning warns of a checkpoint's callback missing from a run that loads it).
 WORKS_IN: dict[str, set[str]] = {"guards": {"fit"}, "precise_bn": {"fit"}, "predictions": {"predict"}}
+WORKS_IN["evaluation"] = {"fit", "validate", "test"}
 
 
 def left_out_of(command: str) -> set[str]:

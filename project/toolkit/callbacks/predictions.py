@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
@@ -22,15 +21,15 @@ log = get_logger(__name__)
 
 
 class PredictionWriter(BasePredictionWriter):
-    """One row per image -- its index in the predicted data set (its file too, where the data set names its
-    images: ``predict_names``), the predicted class index and name -- from
-    every rank, sorted by index, in ``<trainer.log_dir>/<filename>`` (rank 0 writes). Each batch's predictions
-    stay on the device until the epoch's end, so predicting never waits for it."""
+    """One row per image -- its index (and file, where the data set names them: ``predict_names``), the predicted class,
+    its name and probability, the top k (min(5, classes)) names and probabilities -- sorted by index, from every rank,
+    in ``<trainer.log_dir>/<filename>`` (rank 0 writes). The top k of ``predict_step``'s class probabilities stay on
+    the device until the epoch's end, so predicting never waits for it."""
 
     def __init__(self, filename: str = "predictions.csv") -> None:
         super().__init__(write_interval="batch")
         self.filename = filename
-        self.batches: list[tuple[Sequence[int], torch.Tensor]] = []
+        self.batches: list[tuple[Sequence[int], Any]] = []
 
     def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.batches = []
@@ -49,28 +48,29 @@ class PredictionWriter(BasePredictionWriter):
                 "give; predict from a DataLoader with a batch_size, or switch the writer off: "
                 "--callbacks.predictions=false"
             )
-        self.batches.append((list(batch_indices), torch.as_tensor(prediction)))
+        self.batches.append((list(batch_indices), prediction.topk(min(5, prediction.shape[1]), dim=1)))
 
     def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        pairs = [
-            (int(index), int(pred))
-            for indices, preds in self.batches
-            for index, pred in zip(indices, preds.tolist(), strict=True)
-        ]
+        # Each image's top k probabilities and classes, by its index (ix: a batch's indices).
+        seen = {int(i): top for ix, (p, c) in self.batches for i, *top in zip(ix, p.tolist(), c.tolist(), strict=True)}
         self.batches = []
         if dist.is_available() and dist.is_initialized():
             shards: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(shards, pairs)
-            pairs = [pair for shard in shards for pair in shard]
-        if trainer.global_rank != 0 or trainer.log_dir is None:
+            dist.all_gather_object(shards, seen)
+            seen = {index: top for shard in shards for index, top in shard.items()}  # a pipeline's stages: the same
+        log_dir = trainer.log_dir  # every rank asks: Lightning broadcasts it from rank 0 (a collective)
+        if trainer.global_rank != 0 or log_dir is None:
             return
         data = image_data(trainer)
         names, files = (data.label_names, data.predict_names) if data is not None else (None, None)
-        path = Path(trainer.log_dir) / self.filename
+        path = Path(log_dir) / self.filename
         path.parent.mkdir(parents=True, exist_ok=True)
+        k = len(next(iter(seen.values()))[0]) if seen else 0
+        top = [f"top{i}_{column}" for i in range(1, k + 1) for column in ("name", "probability")]
         with open(path, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["index", *(["file"] if files else []), "predicted", "predicted_name"])
-            for index, pred in sorted(pairs):
-                writer.writerow([index, *([files[index]] if files else []), pred, names[pred] if names else pred])
-        log.info("Wrote %d predictions to %s", len(pairs), path)
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(["index", *(["file"] if files else []), "predicted", "predicted_name", "probability", *top])
+            for index, (values, classes) in sorted(seen.items()):
+                tops = [x for p, c in zip(values, classes, strict=True) for x in (names[c] if names else c, f"{p:.4f}")]
+                writer.writerow([index, *([files[index]] if files else []), classes[0], *tops[:2], *tops])
+        log.info("Wrote %d predictions to %s", len(seen), path)

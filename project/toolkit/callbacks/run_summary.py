@@ -17,7 +17,7 @@ from project.toolkit.callbacks.views import FIRST_CARDS
 from project.toolkit.helpers import shown_path
 
 # The epoch metrics the model logs (project/model.py), in the order they are shown.
-SHOWN_METRICS = [f"{stage}/{name}" for stage in ("train", "val", "test") for name in ("loss", "acc")]
+SHOWN_METRICS = [f"{stage}/{name}" for stage in ("train", "val", "test") for name in ("loss", "acc", "acc_top5")]
 
 
 class RunSummary(Callback):

@@ -15,8 +15,8 @@ from project.toolkit.cli.process_exit import end_program
 TRAINER_COMMANDS = {
     "fit": "train the model (validating every epoch); a run folder with checkpoints, timing.json, TensorBoard",
     "validate": "evaluate on the validation split (--ckpt_path=best, last or a file)",
-    "test": "evaluate on the test split (--ckpt_path=best, last or a file)",
-    "predict": "the predicted class of every test image (index and name), written to predictions.csv",
+    "test": "evaluate on the test split (--ckpt_path=best, last or a file); per-class scores, confusion matrix",
+    "predict": "the predicted class of every test image (name, probability, top 5), written to predictions.csv",
 }
 USAGE = "python -m project"
 
