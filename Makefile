@@ -137,7 +137,7 @@ lint: $(VENV)/.installed-dev  ## the hooks of .pre-commit-config.yaml (ruff, ruf
 # Each run is named by its setup (version_3-ddp-resnet50-2xcpu-b256), not version_N alone; TensorBoard opens
 # on its TIME SERIES tab, every card: the addresses of accuracy and loss first and of the side-by-side view are printed.
 tensorboard: $(VENV)/.installed  ## serve the runs under LOGDIR on http://localhost:6006
-	@echo "accuracy and loss: http://localhost:6006/?tagFilter=%5E%28train%7Cval%29%2F%28acc%7Closs%29%24#timeseries"
+	@echo "accuracy and loss: http://localhost:6006/?tagFilter=%5E%28train%7Cval%29%2F%28acc%7Closs%29%24%7C%5Eval%2Fconfusion%24#timeseries"
 	@echo "the side-by-side charts: http://localhost:6006/#custom_scalars"
 	$(PY) -m tensorboard.main $$($(PY) -m project.toolkit.cli.run_dirs $(LOGDIR))
 

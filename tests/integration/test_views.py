@@ -43,6 +43,7 @@ def test_a_fit_writes_real_hparams_the_layout_and_one_step_axis(
     # the link the run prints opens TensorBoard's first tab on accuracy and loss, nothing else
     assert f"http://localhost:6006/?tagFilter={quote(FIRST_CARDS, safe='')}#timeseries" in capsys.readouterr().out
     assert {tag for tag in tags if re.search(FIRST_CARDS, tag)} == {"train/acc", "train/loss", "val/acc", "val/loss"}
+    assert {tag for tag in run.Tags()["images"] if re.search(FIRST_CARDS, tag)} == {"val/confusion"}
     assert "hp_metric" not in tags and "epoch" not in tags  # Lightning's placeholder -1, and its epoch staircase
     assert set(HPARAM_METRICS) <= tags, set(HPARAM_METRICS) - tags
 

@@ -14,7 +14,8 @@ from project.toolkit.interfaces import data_settings
 from project.toolkit.timing.callback import TimingCallback
 from project.toolkit.timing.report import run_description
 
-FIRST_CARDS = r"^(train|val)/(acc|loss)$"  # TIME SERIES, TensorBoard's first tab, filtered by the link runs print
+# TIME SERIES, TensorBoard's first tab, filtered by the link runs print: accuracy, loss, the confusion matrix
+FIRST_CARDS = r"^(train|val)/(acc|loss)$|^val/confusion$"
 # Category title -> chart title -> the tags (regular expressions) it overlays.
 LAYOUT: dict[str, dict[str, list[str]]] = {
     "training": {
