@@ -66,13 +66,13 @@ def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
 
 @pytest.mark.slow
 def test_eval_mode_scores_as_train_mode_on_the_training_images(tmp_path: Path) -> None:
-    """The issue's folder at 64 px: MobileNetV2, batch 32, lr 0.02, 5 epochs (14 batches each). Without precise
-    statistics: eval 0.822 against train mode 0.914; with them 0.919 against 0.914."""
+    """The issue's folder at 64 px: MobileNetV2, batch 32, lr 0.02, 8 epochs (14 batches each), long enough that
+    the model has learned the shapes whatever the seed; with precise statistics eval mode scores as train mode."""
     torch.set_num_threads(1)
     data = shapes_folder(tmp_path / "shapes", train=160, test=1)
     fit = main([
         "fit", "--data=project.data.ImageFolderDataModule", f"--data.data_dir={data}", "--data.image_size=64",
-        "--data.batch_size=32", "--data.num_workers=0", "--model.lr=0.02", "--trainer.max_epochs=5",
+        "--data.batch_size=32", "--data.num_workers=0", "--model.lr=0.02", "--trainer.max_epochs=8",
         f"--trainer.default_root_dir={tmp_path}", *QUIET,
     ])  # fmt: skip
     model, dm = fit.trainer.lightning_module, fit.trainer.datamodule

@@ -36,7 +36,7 @@ def test_a_wheel_install_runs_fit_export_and_finds_the_bench_presets(tmp_path: P
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path / "dist", source], check=True)
     (wheel,) = (tmp_path / "dist").glob("project-*.whl")
     presets = [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("project/tools/bench/presets/")]
-    assert sorted(Path(n).name for n in presets) == ["cpu-smoke.yaml", "gpu1.yaml", "seed.yaml"]
+    assert sorted(Path(n).name for n in presets) == ["cpu-learn.yaml", "cpu-smoke.yaml", "gpu1.yaml", "seed.yaml"]
     site = tmp_path / "site"
     subprocess.run([*pip, "install", "--no-deps", "--target", site, wheel], check=True)
     work = tmp_path / "work"  # no checkout here: every file must come from the installed package
