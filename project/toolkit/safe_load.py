@@ -31,18 +31,24 @@ def read_checkpoint(path: str | Path, option: str, trusted: bool = False, mmap: 
     allowed by name first (LightningCLI reads a checkpoint's hyperparameters with ``weights_only=True`` whatever is
     said). Anything refused is one line naming ``option``, the file and what it holds; an unreadable torch file
     raises as torch says."""
-    try:
-        held = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except Exception:  # not a zip-format torch file: torch.load says what it is
-        held = []
-    if trusted:
+    held = unsafe_globals(path) if trusted else None  # before they are allowed: then they no longer count as unsafe
+    if held:
         torch.serialization.add_safe_globals([import_object(name) for name in held])
     try:
         return torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)
     except pickle.UnpicklingError:
+        held = unsafe_globals(path) if held is None else held  # read again only where a load failed
         if not held:
             raise
         raise refusal(option, path, ", ".join(held), trusted) from None
+
+
+def unsafe_globals(path: str | Path) -> list[str]:
+    """What the pickle of ``path`` names beyond torch's safe types; none for a file not in torch's zip format."""
+    try:
+        return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # not a zip-format torch file: torch.load says what it is
+        return []
 
 
 class ShardedMetadataUnpickler(pickle.Unpickler):
