@@ -71,7 +71,7 @@ class ImageFiles:
     def decode(self, path: Path) -> np.ndarray:
         """One file as ``(height, width, channels)`` uint8: grey or colour as asked, its shorter side ``size``. A
         JPEG is decoded at the smallest of 1/2, 1/4 or 1/8 scale (its DCT scaling: Pillow's ``draft``) that keeps
-        both sides at least ``2 * size``, 3-5x sooner than whole, then resized as any file to the whole file's shape."""
+        both sides at least ``2 * size`` (less work), then resized as any file, to the shape the whole file gives."""
         mode = "L" if self.channels == 1 else "RGB"
         try:
             with Image.open(path) as file:
