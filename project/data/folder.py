@@ -69,15 +69,22 @@ class ImageFiles:
         return torch.stack(squares).permute(0, 2, 3, 1).numpy() if paths else np.zeros((0, *self.shape[1:]), np.uint8)
 
     def decode(self, path: Path) -> np.ndarray:
-        """One file as ``(height, width, channels)`` uint8: grey or colour as asked, its shorter side ``size``."""
+        """One file as ``(height, width, channels)`` uint8: grey or colour as asked, its shorter side ``size``. A
+        JPEG is decoded at the smallest of 1/2, 1/4 or 1/8 scale (its DCT scaling: Pillow's ``draft``) that keeps
+        both sides at least ``2 * size`` (less work), then resized as any file, to the shape the whole file gives."""
+        mode = "L" if self.channels == 1 else "RGB"
         try:
             with Image.open(path) as file:
-                pixels = np.array(file.convert("L" if self.channels == 1 else "RGB"))
+                width, height = file.size
+                file.draft(mode, (2 * self.size, 2 * self.size))  # other formats than JPEG ignore it
+                pixels = np.array(file.convert(mode))
         except (OSError, ValueError) as err:
             reason = "not a readable JPEG or PNG file" if isinstance(err, Image.UnidentifiedImageError) else err
             raise DataError(f"{path} cannot be read as an image ({reason}); remove it or replace it") from None
         image = torch.from_numpy(pixels.reshape(*pixels.shape[:2], -1)).permute(2, 0, 1)
-        image = F.resize(image, self.size, interpolation=InterpolationMode(self.interpolation), antialias=True)
+        long = int(self.size * max(width, height) / min(width, height))  # as torchvision sizes the whole file
+        shape = [self.size, long] if height <= width else [long, self.size]
+        image = F.resize(image, shape, interpolation=InterpolationMode(self.interpolation), antialias=True)
         return image.permute(1, 2, 0).numpy()
 
 

@@ -35,6 +35,7 @@ SCRIPTS = [
     "benchmarks.overhead",
     "benchmarks.inference",
     "benchmarks.input",
+    "benchmarks.decoding",
     "benchmarks.parity",
     "benchmarks.host_memory",
     "benchmarks.timing_cost",
@@ -206,6 +207,20 @@ def test_the_host_memory_benchmark_reads_both_settings_from_timing_json(
         assert case["speedup"] == pytest.approx(case["runs"]["off"][0][0] / case["runs"]["on"][0][0])
     least = min(report["cases"], key=lambda case: case["speedup"])
     assert report["headline"].endswith(f"({least['stage']}, the smallest gain)")
+
+
+def test_the_decoding_benchmark_times_every_side_on_generated_photos(tmp_path: Path) -> None:
+    from benchmarks import decoding
+
+    decoding.main(["--images", "2", "--repeats", "1", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "decoding.json").read_text())
+    cases = [(kind, size) for kind in decoding.GRAIN for size in decoding.SIZES]
+    assert [(case["kind"], case["size"]) for case in report["cases"]] == cases and report["images"] == 2
+    for case in report["cases"]:
+        assert all(rate["cpu"] > 0 and rate["wall"] > 0 for rate in case["images_per_second"].values())
+        assert case["ratios"]["whole"] == [1.0] and case["differences"]["reduced"]["mean"] < 2
+    assert report["headline"].startswith("decoding: reduced-scale/whole-file images per CPU second")
+    assert "| photos | resize | decoding |" in (tmp_path / "decoding.md").read_text()
 
 
 def test_plain_stamps_take_the_layout_of_the_template_stamps() -> None:

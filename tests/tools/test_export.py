@@ -130,6 +130,33 @@ def test_the_documented_snippet_takes_files_of_any_size_as_predict_does(
             assert fixtures.LABEL_NAMES[int(program(image).argmax())] == predicted[path.name], path.name
 
 
+def test_predict_and_the_graph_agree_on_photos_that_predict_decodes_at_a_reduced_scale(
+    trained: Path, tiny_args: list[str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "photos"  # 1.1-1.9 MP JPEGs: predict decodes them at 1/8 scale (Pillow draft), the graph whole
+    folder.mkdir()
+    rng = np.random.default_rng(5)
+    for n, shape in enumerate([(1200, 900), (900, 1200), (1600, 1200), (1280, 960)] * 2):  # (width, height)
+        grain = rng.integers(0, 256, (32, 32, 3))  # the training images' noise, at the scale the model sees
+        pixels = (0.75 * fixtures.PALETTE[n] + 0.25 * grain).astype(np.uint8)
+        Image.fromarray(pixels).resize(shape, Image.Resampling.NEAREST).save(folder / f"{n}.jpg", quality=90)
+    data = ["--data=project.data.ImageFolderDataModule", f"--data.data_dir={folder}", "--data.image_size=32"]
+    data += [f"--data.classes={json.dumps(fixtures.LABEL_NAMES)}", f"--data.mean={list(fixtures.ColourImages.mean)}"]
+    data += [f"--data.std={list(fixtures.ColourImages.std)}"]
+    main(["predict", "--ckpt_path=best", *data, *[option for option in tiny_args if option.startswith("--trainer.")]])
+    with open(trained / "version_1" / "predictions.csv") as f:
+        predicted = {row["file"]: row["predicted_name"] for row in csv.DictReader(f)}
+    main(["export", "--ckpt_path=best", f"--logs={trained}", "--format=pt2", f"--out={tmp_path / 'm.pt2'}"])
+    program = torch.export.load(tmp_path / "m.pt2").module()
+    graph = {}
+    for path in sorted(folder.iterdir()):
+        image = torch.from_numpy(np.array(Image.open(path).convert("RGB"))).permute(2, 0, 1)[None]  # the whole file
+        with torch.no_grad():
+            graph[path.name] = fixtures.LABEL_NAMES[int(program(image).argmax())]
+    assert sorted(graph) == sorted(predicted) and len(set(predicted.values())) > 1
+    assert agreement([graph[name] for name in graph], [predicted[name] for name in graph]) >= 0.99
+
+
 def test_a_checkpoint_without_normalisation_or_onnx_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
