@@ -16,6 +16,7 @@ import yaml
 
 from project.tools import search
 from project.tools.bench.matrix import run_in_own_session
+from project.tools.search.storage import open_storage
 from project.tools.search.trials import EpochReporter, epoch_accuracies, option_args
 from tests.support.fixtures import TINY_RUN
 
@@ -164,6 +165,16 @@ def test_a_search_runs_its_trials_as_runs_and_ends_with_the_best(tmp_path: Path,
     assert (out / "trials.md").read_text().count("| complete |") == 2
     search.main(["--config", str(config), "--out", str(out)])  # again: the study has its trials, none runs again
     assert "search: trial" not in capsys.readouterr().out and len(load_study(out).trials) == 2
+
+
+def test_a_database_url_holds_the_study_with_heartbeats(tmp_path: Path) -> None:
+    optuna = pytest.importorskip("optuna")
+    config, url = write_config(tmp_path, trials=1, epochs=1), f"sqlite:///{tmp_path / 'study.db'}"
+    search.main(["--config", str(config), "--out", str(tmp_path / "out"), "--storage", url])
+    storage, lock = open_storage(url)
+    assert (storage.get_heartbeat_interval(), lock) == (60, None)  # stale trials: by heartbeat, no lock file
+    (trial,) = optuna.load_study(study_name="tiny", storage=storage).trials
+    assert trial.state.name == "COMPLETE" and not (tmp_path / "out" / "study.journal").exists()
 
 
 def wait_for(condition: Any, timeout_s: float) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from project.toolkit.errors import OneLineParser, ProjectError, exit_on_project_error
 from project.tools.bench.matrix import ending_sessions_on_sigterm
 from project.tools.search.config import SearchConfig, config_path, load_config, preset_names
-from project.tools.search.storage import counted_trials, open_storage, recover_dead_workers, turn
+from project.tools.search.storage import counted_trials, open_storage, recover_stale_trials, turn
 from project.tools.search.trials import TrialFailed, option_args, run_trial
 
 __all__ = ["main", "parse_args", "run_worker", "search", "trials_table"]
@@ -79,9 +79,7 @@ def run_worker(study: Any, config: SearchConfig, out: Path, lock: Path | None) -
     callbacks = [lambda study, trial: (states.append(trial.state.name), print(f"search: {_line(trial)}", flush=True))]
     while states[-FAILED_IN_A_ROW:] != ["FAIL"] * FAILED_IN_A_ROW:
         with turn(lock) as marked:
-            if lock is None:  # a database: its heartbeats tell which trials are stale
-                optuna.storages.fail_stale_trials(study)
-            for number in recover_dead_workers(study) if lock is not None else []:
+            for number in recover_stale_trials(study, lock):
                 print(f"search: trial {number}'s worker is gone: failed, queued again", flush=True)
             if counted_trials(study) < config.trials:
                 objective = lambda trial: run_trial(trial, config, out, marked)  # noqa: E731

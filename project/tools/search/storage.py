@@ -72,11 +72,15 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def recover_dead_workers(study: Any) -> list[int]:
-    """Fail and queue again (with their options) the running trials of workers on this machine that are gone; their
-    numbers. Call it in the journal's :func:`turn`."""
+def recover_stale_trials(study: Any, lock: Path | None) -> list[int]:
+    """Fail and queue again (with their options) the running trials whose worker is gone: in a database those whose
+    heartbeat stopped (Optuna's), in a journal those of workers on this machine whose process is gone (the numbers of
+    these). Call it in the journal's :func:`turn`."""
     import optuna
 
+    if lock is None:
+        optuna.storages.fail_stale_trials(study)
+        return []
     host, recovered = socket.gethostname(), []
     for trial in study.get_trials(states=(optuna.trial.TrialState.RUNNING,)):  # copies: the retry edits them
         worker_host, _, pid = str(trial.user_attrs.get(WORKER, "")).rpartition(":")
