@@ -119,10 +119,11 @@ def test_epochs_are_reported_as_the_csv_grows_and_a_worse_trial_is_pruned(tmp_pa
     metrics = run / "metrics.csv"
     metrics.write_text("epoch,step,train/loss,val/acc\n0,0,2.3,\n0,2,,0.5\n1,5,,0.4")  # the last line being written
     assert epoch_accuracies(tmp_path) == {0: 0.5}
-    reporter = EpochReporter(study.ask(), tmp_path)
+    reporter = EpochReporter(study.ask(), tmp_path, epochs=3)
     with pytest.raises(optuna.TrialPruned, match="val/acc 0.5000 after epoch 1"):
         reporter()
     assert reporter.reported == {0: 0.5}
+    EpochReporter(study.ask(), tmp_path, epochs=1)()  # the same epoch, the fit's last: it runs to its end
     metrics.write_text(metrics.read_text() + "\n")
     reporter(prune=False)  # the fit's last epoch, read once it ended
     assert reporter.reported == {0: 0.5, 1: 0.4}

@@ -83,10 +83,10 @@ def epoch_accuracies(folder: Path) -> dict[int, float]:
 
 class EpochReporter:
     """Called while a trial's fit runs: reports each new epoch's ``val/acc`` (step: epochs done) and raises
-    ``optuna.TrialPruned`` where the study's pruner says so."""
+    ``optuna.TrialPruned`` where the study's pruner says so, before the fit's last epoch (``epochs``)."""
 
-    def __init__(self, trial: Any, folder: Path) -> None:
-        self.trial, self.folder, self.reported = trial, folder, {}
+    def __init__(self, trial: Any, folder: Path, epochs: int) -> None:
+        self.trial, self.folder, self.epochs, self.reported = trial, folder, epochs, {}
 
     def __call__(self, prune: bool = True) -> None:
         import optuna
@@ -95,7 +95,7 @@ class EpochReporter:
             if epoch not in self.reported:
                 self.reported[epoch] = accuracy
                 self.trial.report(accuracy, epoch + 1)
-                if prune and self.trial.should_prune():
+                if prune and epoch + 1 < self.epochs and self.trial.should_prune():
                     raise optuna.TrialPruned(f"val/acc {accuracy:.4f} after epoch {epoch + 1}")
 
 
@@ -116,7 +116,7 @@ def run_trial(trial: Any, config: SearchConfig, out: Path, marked: Callable[[], 
     marked()
     shutil.rmtree(folder, ignore_errors=True)  # a trial number's earlier study, where its journal was deleted
     folder.mkdir(parents=True)
-    reporter, start = EpochReporter(trial, folder), time.perf_counter()
+    reporter, start = EpochReporter(trial, folder, config.epochs), time.perf_counter()
     command = project_command("fit", trial_args(config, values, folder))
     session = {"watch": reporter, "preexec_fn": _ends_with_this_process()}
     try:
