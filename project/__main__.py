@@ -1,5 +1,5 @@
-"""``python -m project fit|validate|test|predict|bench|compare|plan|export ...``: the toolkit's command line, with
-this template's LightningModule and its default data set (``--data=package.module.Class`` picks another).
+"""``python -m project fit|validate|test|predict|bench|compare|plan|export|search ...``: the toolkit's command
+line, with this template's LightningModule and its default data set (``--data=package.module.Class`` picks another).
 Named by dotted path, so ``--help``, ``bench`` and ``compare`` answer without importing torch."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from project.toolkit.cli import main as toolkit_main
 
 MODEL = "project.model.ImageClassifier"
 DEFAULT_DATA = "project.data.CIFAR10DataModule"
-TOOLS = "project.tools"  # bench, compare, plan, export: offline commands, which no training run loads
+TOOLS = "project.tools"  # bench, compare, plan, export, search: offline commands, which no training run loads
 
 
 def main(args: list[str] | None = None) -> Any:

@@ -7,4 +7,5 @@ COMMANDS = {
     "compare": ("project.tools.bench.compare", "compare finished runs (their timing.json) in bench's results files"),
     "plan": ("project.tools.plan", "predict each strategy's step, throughput and memory on N devices from one run"),
     "export": ("project.tools.export", "a checkpoint as one ONNX or torch.export graph: uint8 images in, logits out"),
+    "search": ("project.tools.search", "search fit options with Optuna: trials as runs, pruned per epoch, resumable"),
 }

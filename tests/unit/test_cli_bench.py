@@ -152,7 +152,7 @@ def test_warmup_cosine_and_sample_mean() -> None:
 def test_a_mistyped_command_gets_the_nearest() -> None:
     assert unknown_command("fitt", "project.tools") == (
         "'fitt' is not a command; did you mean 'fit'? "
-        "Commands: fit, validate, test, predict, bench, compare, plan, export"
+        "Commands: fit, validate, test, predict, bench, compare, plan, export, search"
     )
 
 

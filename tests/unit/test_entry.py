@@ -43,7 +43,7 @@ def test_bench_help_lists_the_presets(capsys: pytest.CaptureFixture) -> None:
         (
             ["fitt"],
             "error: 'fitt' is not a command; did you mean 'fit'? "
-            "Commands: fit, validate, test, predict, bench, compare, plan, export",
+            "Commands: fit, validate, test, predict, bench, compare, plan, export, search",
         ),
         (["bench", "--out"], "error: argument --out: expected one argument (see python -m project bench --help)"),
         (["export", "--out"], "error: argument --out: expected one argument (see python -m project export --help)"),

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -58,20 +58,29 @@ SIGTERM_STATUS = 128 + signal.SIGTERM  # as a shell reports a process SIGTERM en
 
 
 def run_in_own_session(
-    command: list[str], stdout: IO | int | None, stderr: IO | int | None, timeout_s: float, cwd: Path | None = None
+    command: list[str],
+    stdout: IO | int | None,
+    stderr: IO | int | None,
+    timeout_s: float,
+    cwd: Path | None = None,
+    watch: Callable[[], None] | None = None,
+    preexec_fn: Callable[[], Any] | None = None,
 ) -> int | None:
     """``command``'s exit status, or None past ``timeout_s``. In a session of its own, so a timeout, Ctrl-C or SIGTERM
-    ends the launcher AND every rank it started; once the process is ending it raises ``SystemExit`` instead."""
+    ends the launcher AND every rank it started; once the process is ending it raises ``SystemExit`` instead.
+    ``watch``: called every second while it runs; what it raises ends the session and is raised. ``preexec_fn``:
+    Popen's."""
     if _ENDING.is_set():
         raise SystemExit(SIGTERM_STATUS)
     _STARTING.add(threading.get_ident())
     try:
-        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, cwd=cwd, start_new_session=True)
+        session = dict(cwd=cwd, start_new_session=True, preexec_fn=preexec_fn)
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, **session)
         _LIVE_SESSIONS.add(process.pid)
     finally:
         _STARTING.discard(threading.get_ident())
     try:
-        code = None if _ENDING.is_set() else process.wait(timeout=timeout_s)
+        code = None if _ENDING.is_set() else _wait(process, timeout_s, watch)
         if _ENDING.is_set():  # SIGTERM came while it started, or ended it: no status to report
             raise SystemExit(SIGTERM_STATUS)
         return code
@@ -84,6 +93,19 @@ def run_in_own_session(
         raise
     finally:
         _LIVE_SESSIONS.discard(process.pid)
+
+
+WATCH_EVERY_S = 1.0  # how often run_in_own_session calls its watch
+
+
+def _wait(process: subprocess.Popen, timeout_s: float, watch: Callable[[], None] | None) -> int:
+    """``process``'s exit status, calling ``watch`` every second meanwhile; ``TimeoutExpired`` past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while watch is not None and time.monotonic() + WATCH_EVERY_S < deadline:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return process.wait(timeout=WATCH_EVERY_S)
+        watch()
+    return process.wait(timeout=max(deadline - time.monotonic(), 0))
 
 
 def end_all_sessions() -> None:
@@ -112,10 +134,11 @@ def ending_sessions_on_sigterm() -> Iterator[None]:
         _ENDING.clear()  # its sessions are over: a process may go on to run others (tests do)
 
 
-def _run_logged(command: list[str], log_stem: Path, timeout_s: float) -> str | None:
-    """Run ``command`` into ``<log_stem>.out`` / ``.err``; None on success, else the last line of its stderr."""
+def run_logged(command: list[str], log_stem: Path, timeout_s: float, **session: Any) -> str | None:
+    """Run ``command`` into ``<log_stem>.out`` / ``.err``; None on success, else the last line of its stderr.
+    ``session``: :func:`run_in_own_session`'s ``watch`` and ``preexec_fn``."""
     with open(f"{log_stem}.out", "w") as out, open(f"{log_stem}.err", "w") as err:
-        code = run_in_own_session(command, out, err, timeout_s)
+        code = run_in_own_session(command, out, err, timeout_s, **session)
     if code is None:
         return f"timed out after {timeout_s / 60:g} min"
     if code == 0:
@@ -140,9 +163,9 @@ def run_cell(config: BenchConfig, cell: Cell, runs: Path) -> dict[str, Any]:
     args = cell_args(config, cell, runs)
     fit, test = project_command("fit", args), project_command("test", [*args, "--ckpt_path=last"])
     start, timeout_s = time.perf_counter(), config.timeout_minutes * 60
-    error = _run_logged(fit, cell_dir / "fit", timeout_s)
+    error = run_logged(fit, cell_dir / "fit", timeout_s)
     if error is None:
-        error = _run_logged(test, cell_dir / "test", timeout_s)
+        error = run_logged(test, cell_dir / "test", timeout_s)
         error = None if error is None else f"test: {error}"
     seconds, status = round(time.perf_counter() - start, 1), "ok" if error is None else "failed"
     outcome = dict(status=status, error=error, cell_seconds=seconds, args=args, fit_command=fit, test_command=test)
