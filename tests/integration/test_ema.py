@@ -189,3 +189,14 @@ def test_ddp_resumes_as_an_unbroken_run(tiny_args: list[str], tmp_path: Path) ->
     for key in ("state_dict", TRAINED):
         assert_same(resumed[key], unbroken[key])
     assert any(not torch.equal(resumed["state_dict"][k], resumed[TRAINED][k]) for k in resumed["state_dict"])
+
+
+@pytest.mark.slow
+def test_fsdp_is_refused_in_one_line_leaving_no_run_folder(tiny_args: list[str], tmp_path: Path) -> None:
+    from tests.integration.test_strategy_runs import run_project
+
+    fsdp = ["--trainer.strategy=fsdp", "--trainer.devices=2", "--callbacks.ema=true", "--trainer.max_epochs=1"]
+    err = run_project("fit", *tiny_args, SMALL[0], *fsdp, cwd=tmp_path, expect=2)
+    line = "error: --callbacks.ema=true is not for FullyShardedStrategy, whose processes hold parts of the weights"
+    assert [text for text in err.splitlines() if text.startswith("error:")] == [line], err[-2000:]
+    assert not (tmp_path / "lightning_logs").exists()
