@@ -44,13 +44,13 @@ from benchmarks._common import (
     template_arguments,
     verdict,
 )
-from project.toolkit.callbacks import DEFAULT_CALLBACKS, left_out_of
+from project.toolkit.callbacks import DEFAULT_CALLBACKS, OFF_BY_DEFAULT, left_out_of
 
 GOAL = 0.90  # template / Lightning's bare loop, steady training steps
 SETUP = Setup(arch="benchmarks.host_cost.tiny_linear", image_size=8, batch_size=64, train_batches=400, epochs=3)
 SIDES = ("plain", "lightning", "template")
 # The default callbacks a fit runs, each switched off once per session.
-SWITCHED = tuple(name for name in DEFAULT_CALLBACKS if name not in left_out_of("fit"))
+SWITCHED = tuple(name for name in DEFAULT_CALLBACKS if name not in left_out_of("fit") | OFF_BY_DEFAULT)
 SESSION_TIMEOUT_S = 900
 
 

@@ -189,9 +189,9 @@ def test_cudnn_autotuning_is_on_unless_deterministic(
 
 
 def test_each_command_holds_the_default_callbacks_with_work_in_it(tiny_args: list[str], tmp_path: Path) -> None:
-    """Every default callback is on, in the commands it has work in (WORKS_IN), and in no other; Lightning misses
-    no callback whose state the checkpoint holds."""
-    from project.toolkit.callbacks import DEFAULT_CALLBACKS, WORKS_IN
+    """Every default callback is on (but those OFF_BY_DEFAULT), in the commands it has work in (WORKS_IN), and in no
+    other; Lightning misses no callback whose state the checkpoint holds."""
+    from project.toolkit.callbacks import DEFAULT_CALLBACKS, OFF_BY_DEFAULT, WORKS_IN
 
     shown = ["--trainer.enable_progress_bar=true", "--trainer.enable_model_summary=true"]  # tiny_args hide them
     fit = main(["fit", *tiny_args, *shown, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"])
@@ -203,7 +203,7 @@ def test_each_command_holds_the_default_callbacks_with_work_in_it(tiny_args: lis
         assert not [w for w in warned if "callbacks used to create the checkpoint" in str(w.message)], command
         held = list(each_callback(cli.trainer))
         for name, kind in DEFAULT_CALLBACKS.items():
-            works = command in WORKS_IN.get(name, {command})
+            works = command in WORKS_IN.get(name, {command}) and name not in OFF_BY_DEFAULT
             assert any(isinstance(c, kind) for c in held) == works, (command, name)
 
 
@@ -225,10 +225,10 @@ def test_checkpointing_can_be_switched_off(tiny_args: list[str], tmp_path: Path,
 
 
 def test_default_yaml_lists_the_default_callbacks(capsys: pytest.CaptureFixture) -> None:
-    from project.toolkit.callbacks import DEFAULT_CALLBACKS
+    from project.toolkit.callbacks import DEFAULT_CALLBACKS, OFF_BY_DEFAULT
 
     listed = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["callbacks"]
-    assert listed == dict.fromkeys(DEFAULT_CALLBACKS, True)
+    assert listed == {name: name not in OFF_BY_DEFAULT for name in DEFAULT_CALLBACKS}
 
 
 @pytest.mark.skipif(not rich_installed(), reason="the rich bar needs rich (the progress extra, installed by dev)")

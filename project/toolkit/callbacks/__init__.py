@@ -5,6 +5,7 @@ from __future__ import annotations
 from lightning.pytorch import Callback
 
 from project.toolkit.callbacks.checkpoints import Checkpoints
+from project.toolkit.callbacks.ema import ExponentialMovingAverage
 from project.toolkit.callbacks.evaluation import EvaluationReport
 from project.toolkit.callbacks.guards import Guards
 from project.toolkit.callbacks.memory_reuse import HostMemoryReuse
@@ -21,6 +22,7 @@ DEFAULT_CALLBACKS: dict[str, type[Callback]] = {
     "checkpoint": Checkpoints,
     "reseed_every_epoch": ReseedEveryEpoch,
     "timing": TimingCallback,
+    "ema": ExponentialMovingAverage,  # off by default; before precise_bn: the statistics it recomputes are the EMA's
     "precise_bn": PreciseBatchNorm,  # after timing: its seconds are its own figure, not the epoch's
     "tensorboard_views": TensorBoardViews,  # after timing: it reports timing's figures as hparams
     "guards": Guards,
@@ -40,7 +42,8 @@ CHECKPOINT_DEFAULTS |= {"checkpoint.auto_insert_metric_name": False}
 # The commands a default callback has work in (one not named: every command; the checkpoint and reseed ones stay
 # in all, as Lightning warns of a checkpoint's callback missing from a run that loads it).
 WORKS_IN: dict[str, set[str]] = {"guards": {"fit"}, "precise_bn": {"fit"}, "predictions": {"predict"}}
-WORKS_IN["evaluation"] = {"fit", "validate", "test"}
+WORKS_IN |= {"evaluation": {"fit", "validate", "test"}, "ema": {"fit"}}
+OFF_BY_DEFAULT = {"ema"}  # switched on with --callbacks.ema=true
 
 
 def left_out_of(command: str) -> set[str]:

@@ -25,7 +25,7 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from project.toolkit.callbacks import CHECKPOINT_DEFAULTS, DEFAULT_CALLBACKS, GROUPED, left_out_of
+from project.toolkit.callbacks import CHECKPOINT_DEFAULTS, DEFAULT_CALLBACKS, GROUPED, OFF_BY_DEFAULT, left_out_of
 from project.toolkit.callbacks.checkpoints import Checkpoints, check_checkpoint_file, find_checkpoint
 from project.toolkit.callbacks.flops_summary import with_flops
 from project.toolkit.callbacks.group import find_callback, grouped
@@ -68,7 +68,8 @@ class ProjectCLI(LightningCLI):
         parser.link_arguments("data.in_channels", "model.in_channels", apply_on="instantiate")
         for name, callback in DEFAULT_CALLBACKS.items():
             parser.add_lightning_class_args(callback, name)
-            parser.add_argument(f"--callbacks.{name}", type=bool, default=True, help=f"Run {callback.__name__}.")
+            on = name not in OFF_BY_DEFAULT
+            parser.add_argument(f"--callbacks.{name}", type=bool, default=on, help=f"Run {callback.__name__}.")
         parser.set_defaults(CHECKPOINT_DEFAULTS)
         self.parsers.append(parser)
 
