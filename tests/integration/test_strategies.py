@@ -146,7 +146,7 @@ def last_checkpoint(root: Path, version: int = 0) -> dict[str, Any]:
     return torch.load(root / f"lightning_logs/version_{version}/checkpoints/last.ckpt", weights_only=False)
 
 
-# As a Python user of the strategies does; the command line registers them itself when it starts.
+# As a Python user of the strategies does; the command line registers the one a command names.
 register_strategies()
 
 # --------------------------------------------------------------------------- names

@@ -1,5 +1,6 @@
 """The private names the template relies on (project/toolkit/compat.py) still exist and mean what they meant;
-none is used anywhere else; importing the package stays cheap and registers nothing."""
+none is used anywhere else; importing the package stays cheap and registers nothing; a run loads the strategy it names
+only."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from lightning.pytorch import Trainer
 
 from project.toolkit import compat
+from tests.support.fixtures import TINY_RUN
 
 PACKAGE = Path(__file__).resolve().parents[2] / "project"
 MOST_PRIVATE_NAMES = 8
@@ -108,13 +110,28 @@ def test_importing_the_package_is_cheap_and_registers_nothing() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "[]"  # nothing heavy until a leaf module that needs it is imported
-    assert out[1] == "False"  # the CLI registers the strategies when it starts, not the import
+    assert out[1] == "False"  # the CLI registers a strategy a run names, not the import
 
 
-def test_registration_happens_where_the_cli_starts() -> None:
-    from lightning.pytorch.strategies import StrategyRegistry
-
-    from project.toolkit.cli.lightning_cli import _register_once
-
-    _register_once()
-    assert {"dp", "dp_balanced", "fsdp", "pipeline", "single_xla"} <= set(StrategyRegistry.available_strategies())
+def test_a_run_loads_only_the_strategy_it_names(tmp_path: Path) -> None:
+    """A run on one CPU imports none of the template's strategy modules (nor the pipeline's bubble meter, nor a GPU's
+    peaks); a run that names one imports and registers it, in whichever process parses the command line."""
+    run = [*TINY_RUN, "--trainer.devices=1", "--trainer.max_epochs=1", "--trainer.limit_train_batches=1"]
+    code = (
+        "import sys\n"
+        "from lightning.pytorch.strategies import StrategyRegistry\n"
+        "from project.__main__ import main\n"
+        "def show():\n"
+        "    mine = ('project.toolkit.strategies.', 'project.toolkit.timing.bubble', 'project.toolkit.timing.peaks')\n"
+        "    loaded = sorted(m for m in sys.modules if m.startswith(mine))\n"
+        "    print('loaded:', loaded, 'dp' in StrategyRegistry.available_strategies())\n"
+        f"main(['fit', *{run!r}, '--trainer.default_root_dir={tmp_path / 'auto'}'])\n"
+        "show()\n"
+        f"main(['fit', *{run!r}, '--trainer.default_root_dir={tmp_path / 'dp'}', '--trainer.strategy=dp'])\n"
+        "show()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    default, with_dp = [line[len("loaded: ") :] for line in done.stdout.splitlines() if line.startswith("loaded:")]
+    assert default == "['project.toolkit.strategies.deepspeed', 'project.toolkit.strategies.registry'] False"
+    dp = ["contract", "deepspeed", "dp", "registry"]
+    assert with_dp == f"{[f'project.toolkit.strategies.{name}' for name in dp]} True"

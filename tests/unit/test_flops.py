@@ -1,4 +1,4 @@
-"""FLOPs per image, device peaks and MFU: :mod:`project.toolkit.timing.flops`."""
+"""FLOPs per image, device peaks and MFU: :mod:`project.toolkit.timing.flops` and :mod:`.peaks`."""
 
 from __future__ import annotations
 
@@ -11,16 +11,8 @@ from lightning.pytorch.utilities.model_summary import get_human_readable_count
 from torch import nn
 
 from project.__main__ import main
-from project.toolkit.timing.flops import (
-    DENSE_TFLOPS,
-    PEAK_TBPS,
-    device_peak_tbps,
-    device_peak_tflops,
-    device_row,
-    forward_flops_by_module,
-    mfu,
-    model_flops_per_sample,
-)
+from project.toolkit.timing.flops import forward_flops_by_module, mfu, model_flops_per_sample
+from project.toolkit.timing.peaks import DENSE_TFLOPS, PEAK_TBPS, device_peak_tbps, device_peak_tflops, device_row
 
 
 def arch_flops_per_sample(arch: str, num_classes: int, image_size: int) -> dict[str, int]:

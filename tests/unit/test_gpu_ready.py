@@ -19,7 +19,7 @@ from project.model import ImageClassifier
 from project.toolkit.errors import ProjectError
 from project.toolkit.strategies.fsdp import cast_buffers, check_compile_mode, mixed_precision_policy
 from project.toolkit.strategies.registry import register_strategies
-from project.toolkit.timing import flops
+from project.toolkit.timing import flops, peaks
 from project.toolkit.timing.table import work_text as _work
 from project.toolkit.training import fusable
 
@@ -76,7 +76,7 @@ def test_the_memory_traffic_of_a_step_and_its_share_of_the_peak() -> None:
     # 10 samples/s of 100 + 2 x 1000 bytes, and 2 devices x 1 step/s x 8 x 500 bytes
     assert flops.training_traffic(network, "32-true", 10.0, 1.0, 2) == 10 * 2100 + 2 * 8 * 500
     assert flops.training_traffic(network, "bf16-mixed", 10.0, 1.0, 2) == 10 * 1100 + 2 * 8 * 500
-    assert flops.device_peak_tbps(torch.device("cpu")) is None
+    assert peaks.device_peak_tbps(torch.device("cpu")) is None
     assert _work(12.345, 0.41, 1.9, 0.57) == "12.3 TFLOP/s (MFU 41.0 %), 1.9e+03 GB/s moved (57 % of peak)"
     assert _work(0.001, None, 0.0002, None) == "1 GFLOP/s, 0.2 GB/s moved"
 

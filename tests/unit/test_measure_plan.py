@@ -46,11 +46,11 @@ def test_environment_records() -> None:
 
 
 def test_flops_and_peaks() -> None:
-    from project.toolkit.timing import flops
+    from project.toolkit.timing import flops, peaks
 
     net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 2 * 2, 5))
     assert flops.model_flops_per_sample(net, image_size=2) == {"train": 240, "inference": 120}
-    columns = [flops.precision_column(p, t) for p, t in (("32-true", True), ("bf16-mixed", False), ("64-true", True))]
+    columns = [peaks.precision_column(p, t) for p, t in (("32-true", True), ("bf16-mixed", False), ("64-true", True))]
     assert columns == ["tf32", "bf16", None]
     assert flops.mfu(395.76, 989.4) == 0.4
     assert flops.mfu(None, 989.4) is None and flops.mfu(100.0, None) is None and flops.mfu(100.0, 0.0) is None

@@ -20,7 +20,7 @@ from project.toolkit.dotted import chosen_class
 from project.toolkit.errors import ProjectError
 from project.toolkit.helpers import human_bytes, usable_cores
 from project.toolkit.log import get_logger
-from project.toolkit.strategies.registry import COMMON_STRATEGIES
+from project.toolkit.strategies.registry import ACCELERATOR_CLASSES, COMMON_STRATEGIES
 
 log = get_logger(__name__)
 
@@ -136,7 +136,7 @@ def check_trainer_choices(strategy: Any, accelerator: Any, devices: Any) -> None
         )
     if not isinstance(accelerator, str):
         return
-    allowed = {"auto", "gpu", *AcceleratorRegistry.available_accelerators()}
+    allowed = {"auto", "gpu", *AcceleratorRegistry.available_accelerators(), *ACCELERATOR_CLASSES}
     if accelerator not in allowed:
         raise ProjectError(
             f"trainer.accelerator={accelerator!r} is not an accelerator; choose one of: {', '.join(sorted(allowed))}"

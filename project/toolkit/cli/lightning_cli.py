@@ -39,7 +39,7 @@ from project.toolkit.dotted import import_object, section_args
 from project.toolkit.errors import ProjectError
 from project.toolkit.log import get_logger, silence_known_noise
 from project.toolkit.strategies import deepspeed
-from project.toolkit.strategies.registry import COMMON_STRATEGIES, register_strategies
+from project.toolkit.strategies.registry import COMMON_STRATEGIES, register_chosen, register_ddp_static
 
 log = get_logger(__name__)
 
@@ -142,6 +142,7 @@ class ProjectCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
         trainer = config.trainer
+        register_chosen(trainer.get("strategy"), trainer.get("accelerator"))  # imports its module
         checks.check_trainer_choices(trainer.get("strategy"), trainer.get("accelerator"), trainer.get("devices"))
         checks.check_slurm_tasks(trainer.get("devices"), trainer.get("num_nodes"))
         deepspeed.check_deepspeed_choice(trainer.get("strategy"), trainer.get("accelerator"))
@@ -240,8 +241,9 @@ def prints_errors(environ: Any = None) -> bool:
 
 @functools.cache
 def _register_once() -> None:
-    """Make the template's strategies known before any Trainer exists, in every process a launcher starts."""
-    register_strategies()
+    """ddp_static known before any Trainer exists, in every process a launcher starts (the template's other names:
+    :func:`register_chosen`, once a command names one)."""
+    register_ddp_static()
     atexit.register(leave_gloo_process_group)
 
 

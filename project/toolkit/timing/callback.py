@@ -279,7 +279,8 @@ class TimingCallback(Callback):
         """TFLOP/s achieved by all devices at ``samples_per_second``, the peak used and the MFU."""
         per_sample = (self._flops or {}).get(kind)
         achieved = per_sample * samples_per_second / 1e12 if per_sample and samples_per_second else None
-        peak = self.peak_tflops or flops.device_peak_tflops(self._device, str(trainer.precision))
+        device_tflops, peak_tbps = _device_peaks(self._device, str(trainer.precision))
+        peak = self.peak_tflops or device_tflops
         all_devices = trainer.num_devices * trainer.num_nodes
         mfu = flops.mfu(achieved, peak * all_devices if peak else None)
         # Not rounded to a few decimals: on a CPU these are 1e-4 TFLOP/s and less.
@@ -289,7 +290,6 @@ class TimingCallback(Callback):
             moved = flops.training_traffic(
                 self._network, str(trainer.precision), samples_per_second, samples_per_second / batch, all_devices
             )
-            peak_tbps = flops.device_peak_tbps(self._device)
             work["bandwidth_tb_per_second"] = clean(moved / 1e12, 9)
             work["peak_bandwidth_tb_per_second"] = peak_tbps
             work["bandwidth_fraction"] = clean(moved / 1e12 / (peak_tbps * all_devices), 6) if peak_tbps else None
@@ -306,6 +306,15 @@ class TimingCallback(Callback):
         else:
             self.report = report
         print(format_table(report, title), flush=True)
+
+
+def _device_peaks(device: torch.device, precision: str) -> tuple[float | None, float | None]:
+    """ONE device's dense peak TFLOP/s at ``precision`` and its memory bandwidth in TB/s; known for CUDA GPUs only."""
+    if device.type != "cuda":
+        return None, None
+    from project.toolkit.timing import peaks  # GPU runs only
+
+    return peaks.device_peak_tflops(device, precision), peaks.device_peak_tbps(device)
 
 
 def _memory_and_bubble(scope: str, labels: list[str], memory: list, bubble: list[float] | None) -> dict[str, Any]:
