@@ -50,7 +50,8 @@ class ImageClassifier(LightningModule):
         momentum: SGD momentum.
         nesterov: Use Nesterov momentum.
         weight_decay: L2 penalty applied by SGD.
-        label_smoothing: Cross-entropy label smoothing, 0 for plain cross-entropy.
+        label_smoothing: Cross-entropy label smoothing, 0 for plain cross-entropy; mixed batches' class
+            probabilities (``--data.batch_augmentation``) are smoothed alike.
         warmup_epochs: Length of the linear learning-rate warm-up, in (possibly fractional) epochs;
             the cosine annealing then runs over the rest of the run, stepped every iteration.
         channels_last: Keep activations in NHWC memory order, which convolutions run faster in.
@@ -133,7 +134,8 @@ class ImageClassifier(LightningModule):
         return network_blocks(self.net)
 
     def training_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The mean loss of the batch and the predicted class of each image."""
+        """The mean loss of the batch and the predicted class of each image; ``labels`` are classes, or class
+        probabilities ``(N, num_classes)`` where the batch is mixed (cross-entropy takes either)."""
         logits = self(images)
         return self.criterion(logits, labels), logits.argmax(dim=1)
 
@@ -142,6 +144,8 @@ class ImageClassifier(LightningModule):
         loss, predictions = self.training_loss(images, labels)
         # The epoch's loss and accuracy: computed once, at its end.
         self.train_loss.update(loss.expand(len(labels)))  # the batch's mean, once for each image
+        if labels.ndim == 2:  # mixed images (--data.batch_augmentation), class probabilities: right is the likeliest
+            labels = labels.argmax(dim=1)
         self.train_acc.update(predictions == labels)
         return loss
 
