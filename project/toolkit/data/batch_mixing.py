@@ -15,8 +15,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 from torchvision.transforms import v2
 
-from project.toolkit.data.samplers import EpochIndex, KeyBatches
 from project.toolkit.errors import DataError
+
+# An image's key is a samplers.EpochIndex (an int carrying .seed and .epoch), the on-device batches are
+# samplers.KeyBatches; not imported: samplers.py imports augmentation.py, which loads this module.
+Key = int
 
 MIXING_STREAM = 1  # in the batch's seed, apart from its first image's own (image_seeds): their draws differ
 # What a training DataLoader keeps when it is made again to mix: all that the data module sets.
@@ -38,7 +41,7 @@ class BatchMixing:
             raise DataError(f"data.batch_augmentation={kind!r} is not allowed: use none, {', '.join(kinds)}")
         self.kind, self.transform, self.num_classes = kind, kinds[kind], num_classes
 
-    def __call__(self, images: torch.Tensor, labels: torch.Tensor, first: EpochIndex) -> tuple[torch.Tensor, ...]:
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, first: Key) -> tuple[torch.Tensor, ...]:
         """The batch whose first image is ``first`` mixed: its images and soft labels, on the images' device; no
         value of the batch is read on the host (the draws are the CPU generator's)."""
         # One-hot by scatter: torch's one_hot reads the labels' range on the host off CUDA.
@@ -47,14 +50,14 @@ class BatchMixing:
             torch.random.default_generator.manual_seed(hash((first.seed, first.epoch, int(first), MIXING_STREAM)))
             return self.transform(images, one_hot)
 
-    def collate(self, items: Sequence[tuple[torch.Tensor, int, EpochIndex]]) -> tuple[torch.Tensor, ...]:
+    def collate(self, items: Sequence[tuple[torch.Tensor, int, Key]]) -> tuple[torch.Tensor, ...]:
         """The DataLoader path's ``collate_fn``: the items of :class:`KeyedImages` as one batch, mixed."""
         images, labels = default_collate([item[:2] for item in items])
         return self(images, labels, items[0][2])
 
-    def loader(self, loader: DataLoader | KeyBatches) -> DataLoader | MixedKeyBatches:
+    def loader(self, loader: DataLoader | Any) -> DataLoader | MixedKeyBatches:
         """The training ``loader`` whose batches come mixed (DataLoader) or ready to mix (:class:`MixedKeyBatches`)."""
-        if isinstance(loader, KeyBatches):
+        if not isinstance(loader, DataLoader):  # the on-device path's KeyBatches
             return MixedKeyBatches(loader)
         settings = {name: getattr(loader, name) for name in (*_LOADER_SETTINGS, "generator")}
         return DataLoader(KeyedImages(loader.dataset), collate_fn=self.collate, **settings)
@@ -69,7 +72,7 @@ class KeyedImages(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: EpochIndex) -> tuple[Any, ...]:
+    def __getitem__(self, key: Key) -> tuple[Any, ...]:
         return (*self.dataset[key], key)
 
 
@@ -77,7 +80,7 @@ class MixedKeyBatches:
     """The on-device path's :class:`KeyBatches`, each batch with its first key: ``(keys, first)``, which
     ``on_after_batch_transfer`` makes a mixed batch of images on the device."""
 
-    def __init__(self, batches: KeyBatches) -> None:
+    def __init__(self, batches: Any) -> None:
         self.batches = batches
 
     @property
@@ -88,7 +91,7 @@ class MixedKeyBatches:
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, EpochIndex]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, Key]]:
         # A generator, as KeyBatches': the keys are read at the first batch, after Lightning sets a resumed epoch.
         firsts = list(self.sampler)[:: self.sampler.batch_size]
         yield from zip(self.batches, firsts, strict=False)  # a last, partial batch is dropped by KeyBatches
