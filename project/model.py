@@ -50,7 +50,7 @@ class ImageClassifier(LightningModule):
         momentum: SGD momentum.
         nesterov: Use Nesterov momentum.
         weight_decay: L2 penalty applied by SGD.
-        label_smoothing: Cross-entropy label smoothing, 0 for plain cross-entropy.
+        label_smoothing: Cross-entropy label smoothing, 0 for plain cross-entropy; mixed batches' targets too.
         warmup_epochs: Length of the linear learning-rate warm-up, in (possibly fractional) epochs;
             the cosine annealing then runs over the rest of the run, stepped every iteration.
         channels_last: Keep activations in NHWC memory order, which convolutions run faster in.
@@ -133,16 +133,16 @@ class ImageClassifier(LightningModule):
         return network_blocks(self.net)
 
     def training_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The mean loss of the batch and the predicted class of each image."""
+        """The mean loss of the batch and the predicted class of each image; labels: classes or class probabilities."""
         logits = self(images)
         return self.criterion(logits, labels), logits.argmax(dim=1)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         images, labels = batch
         loss, predictions = self.training_loss(images, labels)
-        # The epoch's loss and accuracy: computed once, at its end.
+        # The epoch's loss and accuracy (of a mixed batch: its likeliest classes), computed once, at its end.
         self.train_loss.update(loss.expand(len(labels)))  # the batch's mean, once for each image
-        self.train_acc.update(predictions == labels)
+        self.train_acc.update(predictions == (labels if labels.ndim == 1 else labels.argmax(dim=1)))
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import numpy as np
 import torch
@@ -115,6 +115,16 @@ def check_augmentation(augmentation: Augmentation) -> None:
             f"data.augmentation={augmentation!r} is not allowed: use crop_flip, random_resized_crop, none, or a "
             "transform (a callable's import path)"
         )
+
+
+def batch_mixing(kind: str, num_classes: int, mixup_alpha: float, cutmix_alpha: float) -> Any:
+    """``--data.batch_augmentation``'s mixer of the training batches (:mod:`.batch_mixing`, loaded only for one);
+    None for ``none``."""
+    if kind == "none":
+        return None
+    from project.toolkit.data.batch_mixing import BatchMixing
+
+    return BatchMixing(kind, num_classes, mixup_alpha, cutmix_alpha)
 
 
 def check_transform(transform: Callable, image: torch.Tensor) -> None:

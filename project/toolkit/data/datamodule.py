@@ -4,7 +4,6 @@ resumable mid-epoch, evaluation of every image once, augmentation on the device 
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Iterator
 from functools import partial
@@ -24,6 +23,7 @@ from project.toolkit.data.augmentation import (
     Augmentation,
     Interpolation,
     augment,
+    batch_mixing,
     check_augmentation,
     check_transform,
     image_seeds,
@@ -31,9 +31,9 @@ from project.toolkit.data.augmentation import (
     to_model_input,
 )
 from project.toolkit.data.datasets import AugmentedImages, ImageArrayDataset, IndexBatches
-from project.toolkit.data.declarations import check_declarations, checked_split
+from project.toolkit.data.declarations import check_declarations, checked_split, images_at
 from project.toolkit.data.input_path import AUTO, InputPath, choose_input_path, machine_of
-from project.toolkit.data.samplers import EvenBatchSampler, KeyBatches, SliceBatches, TrainingSampler
+from project.toolkit.data.samplers import EvenBatchSampler, KeyBatches, SliceBatches, TrainingSampler, run_seed
 from project.toolkit.data.statistics import ChannelStats, measure_channel_stats
 from project.toolkit.errors import DataError
 from project.toolkit.helpers import usable_cores
@@ -75,6 +75,9 @@ class ImageArrayDataModule(LightningDataModule):
         resize_size: The images' shorter side before the centre crop to ``image_size``; null: ``image_size``.
         interpolation: Of every resize: ``bilinear`` or ``bicubic``. (A torchvision ``--model.weights`` name sets
             ``image_size``, ``resize_size``, ``interpolation``, ``mean`` and ``std`` where they are not given.)
+        batch_augmentation: Each training batch mixed, its labels made soft: ``mixup``, ``cutmix``, ``mixup_or_cutmix``.
+        mixup_alpha: MixUp's share of an image is Beta(alpha, alpha)-distributed (torchvision's recipe: 0.2).
+        cutmix_alpha: CutMix's share of an image (the area outside its box) likewise (1.0: uniform).
     """
 
     num_classes: int  # the CLI links it to model.num_classes
@@ -103,6 +106,9 @@ class ImageArrayDataModule(LightningDataModule):
         augmentation: Augmentation = CROP_FLIP,
         resize_size: int | None = None,
         interpolation: Interpolation = "bilinear",
+        batch_augmentation: Literal["none", "mixup", "cutmix", "mixup_or_cutmix"] = "none",
+        mixup_alpha: float = 0.2,
+        cutmix_alpha: float = 1.0,
     ) -> None:
         super().__init__()
         self.channel_stats: ChannelStats | None = check_declarations(self)  # None: measured in setup
@@ -120,6 +126,7 @@ class ImageArrayDataModule(LightningDataModule):
         if num_workers != AUTO and not (isinstance(num_workers, int) and num_workers >= 0):
             raise DataError(f"data.num_workers={num_workers} is not allowed: use an integer >= 0, or auto")
         check_augmentation(augmentation)
+        self.batch_mixing = batch_mixing(batch_augmentation, self.num_classes, mixup_alpha, cutmix_alpha)
         if on_device not in (True, False, AUTO):
             raise DataError(f"data.on_device={on_device} is not allowed: use true, false or auto")
         if on_device is True and num_workers != AUTO and num_workers > 0:
@@ -182,13 +189,13 @@ class ImageArrayDataModule(LightningDataModule):
             mean, std = self._normalisation_stats(images, train)
             if callable(self.augmentation):  # a user's transform: tried on one image before the first step
                 check_transform(self.augmentation, torch.from_numpy(np.asarray(images[train[0]])).permute(2, 0, 1))
-            train_set = AugmentedImages(_take(images, train), labels[train], size, mean, std, self.augmentation)
+            train_set = AugmentedImages(images_at(images, train), labels[train], size, mean, std, self.augmentation)
             train_set.resize_size, train_set.interpolation = self._resizing.values()
             self._datasets["train"] = train_set
             if own_val is not None:
                 images, labels = checked_split(self, *own_val, where=f"{type(self).__name__}.load_val_split()")
                 val = np.arange(len(images))
-            self._datasets["val"] = ImageArrayDataset(_take(images, val), labels[val], self._evaluation_transform())
+            self._datasets["val"] = ImageArrayDataset(images_at(images, val), labels[val], self._evaluation_transform())
         if stage in ("test", "predict") and "test" not in self._datasets:
             if self.channel_stats is None:  # the statistics the model was trained with: the training split's
                 images, _ = self._load(train=True)
@@ -331,7 +338,7 @@ class ImageArrayDataModule(LightningDataModule):
 
     def _training_sampler(self, dataset: Dataset, world: int, rank: int) -> TrainingSampler:
         """Ours even on one process: its order depends only on (seed, epoch), so shards are disjoint and resumable."""
-        return TrainingSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank, seed=_run_seed())
+        return TrainingSampler(dataset, self.per_process_batch_size, num_replicas=world, rank=rank, seed=run_seed())
 
     def training_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This process's augmented training batches of ``epoch`` as ``(images, labels)``, from a loader of their own
@@ -352,7 +359,7 @@ class ImageArrayDataModule(LightningDataModule):
         index, augmentation, seeds = keys[:, 0], self.augmentation, []
         if callable(augmentation) or augmentation == RANDOM_RESIZED_CROP:  # seeded per image: it reads the indices
             epoch = self.trainer.current_epoch if epoch is None else epoch
-            seeds = image_seeds(_run_seed(), epoch, index.tolist())
+            seeds = image_seeds(run_seed(), epoch, index.tolist())
         size, (mean, std) = self.hparams.image_size, self.channel_stats
         return augment(rows_of(images, index), keys[:, 1:], size, mean, std, augmentation, seeds, **self._resizing)
 
@@ -362,7 +369,8 @@ class ImageArrayDataModule(LightningDataModule):
         return self.input_path.num_workers
 
     def train_dataloader(self) -> DataLoader | KeyBatches:
-        return self._loader("train", train=True)
+        loader = self._loader("train", train=True)  # with batch_augmentation: its batches mixed (or ready to mix)
+        return loader if self.batch_mixing is None else self.batch_mixing.loader(loader)
 
     def val_dataloader(self) -> DataLoader | SliceBatches:
         return self._loader("val")
@@ -379,19 +387,11 @@ class ImageArrayDataModule(LightningDataModule):
             return batch
         if self.trainer.training:
             images, labels = self._on_device["train"]
-            batch = self._augmented(images, batch), labels.index_select(0, batch[:, 0])
+            keys, first = batch if self.batch_mixing else (batch, None)  # mixed: (keys, the batch's first key)
+            batch = self._augmented(images, keys), labels.index_select(0, keys[:, 0])
+            batch = batch if first is None else self.batch_mixing(*batch, first)
         else:
             images, labels = self._on_device["test" if self.trainer.testing or self.trainer.predicting else "val"]
             size, (mean, std) = self.hparams.image_size, self.channel_stats
             batch = to_model_input(rows_of(images, batch), size, mean, std, **self._resizing), labels[batch]
         return self.trainer.precision_plugin.convert_input(batch)
-
-
-def _run_seed() -> int:
-    """The run's base seed (``--seed_everything``; 0 unseeded): the training order's and augmentation's."""
-    return int(os.environ.get("PL_GLOBAL_SEED", 0))
-
-
-def _take(images: Any, indices: np.ndarray) -> Any:
-    """``images[indices]``: rows of an array, or a subset of files (not decoded)."""
-    return images[indices] if isinstance(images, np.ndarray) else images.subset(indices)

@@ -72,3 +72,8 @@ def checked_split(data: Any, images: Any, labels: Any, where: str) -> tuple[Any,
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
         raise DataError(f"{where}: labels must lie in 0..{num_classes - 1}; found {labels.min()}..{labels.max()}")
     return images, labels.astype(np.int64, copy=False)
+
+
+def images_at(images: Any, indices: np.ndarray) -> Any:
+    """``images[indices]``: rows of an array, or a subset of files (not decoded)."""
+    return images[indices] if isinstance(images, np.ndarray) else images.subset(indices)

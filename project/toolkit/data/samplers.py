@@ -4,6 +4,7 @@ give every process as many, and the on-device path's batches of indices (no Data
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +14,11 @@ from torch.utils.data import Dataset, DistributedSampler
 
 from project.toolkit.data.augmentation import draw_crops_and_flips
 from project.toolkit.errors import DataError
+
+
+def run_seed() -> int:
+    """The run's base seed (``--seed_everything``; 0 unseeded): the training order's and augmentation's."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 class EpochIndex(int):
