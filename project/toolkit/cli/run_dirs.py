@@ -97,8 +97,7 @@ def setting(config: Any, key: str) -> Any:
     return value
 
 
-def starts_run() -> bool:
-    """Whether this process starts its run: global rank 0, or a launcher before it starts the others (ddp's)."""
+def starts_run() -> bool:  # whether this process starts its run: global rank 0, or ddp's launcher before the others
     return all(os.environ.get(name, "0") == "0" for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"))
 
 
@@ -133,6 +132,10 @@ def arrange_run_folder(subcommand: str, config: Any) -> str | None:
     root_dir, root = trainer.get("default_root_dir") or os.getcwd(), runs_root(trainer)
     if logger in (None, True):  # Lightning's default logger, without its placeholder cards (see views.py)
         logger = trainer.logger = Namespace(class_path=TENSORBOARD_LOGGER, init_args=Namespace())
+    entries = logger if isinstance(logger, list) else [logger]
+    mlflow = [e.init_args for e in entries if str(getattr(e, "class_path", "")).endswith("MLFlowLogger")]
+    if mlflow and importlib.util.find_spec("mlflow") is None:  # said before a run folder is claimed
+        raise ProjectError("trainer.logger: MLFlowLogger needs MLflow, not installed: pip install '.[mlflow]'")
     loggers = folder_loggers(logger)  # a config.yaml's version_N is not kept: a rerun is a new run
     kept = [(v := e.init_args.get("version")) is not None and not RECORDED.fullmatch(str(v)) for e in loggers]
     version = fit_run.name if fit_run else claim_version(root, logger is False or not all(kept))  # one for all
@@ -147,12 +150,9 @@ def arrange_run_folder(subcommand: str, config: Any) -> str | None:
             args.save_dir, args.name, args.version = str(fit_run), "", subcommand
         else:
             args.save_dir, args.name, args.version = str(fit_run.parent.parent), fit_run.parent.name, version
-    entries = logger if isinstance(logger, list) else [logger]
     if fit_run is not None:  # TensorBoard first: the first logger's folder is the run folder (the fit's)
         entries.sort(key=lambda entry: not str(getattr(entry, "class_path", "")).endswith("TensorBoardLogger"))
-    for args in [e.init_args for e in entries if str(getattr(e, "class_path", "")).endswith("MLFlowLogger")]:
-        if importlib.util.find_spec("mlflow") is None:
-            raise ProjectError("trainer.logger: MLFlowLogger needs MLflow, not installed: pip install '.[mlflow]'")
+    for args in mlflow:
         if not args.get("run_name") or RECORDED.match(args.run_name):  # named by its run folder
             args.run_name = f"{version}-{subcommand}"
         if not args.get("tracking_uri"):  # MLflow's local store, beside the runs
