@@ -139,7 +139,7 @@ lint: $(VENV)/.installed-dev  ## the hooks of .pre-commit-config.yaml (ruff, ruf
 tensorboard: $(VENV)/.installed  ## serve the runs under LOGDIR on http://localhost:6006
 	@echo "accuracy and loss: http://localhost:6006/?tagFilter=%5E%28train%7Cval%29%2F%28acc%7Closs%29%24%7C%5Eval%2Fconfusion%24#timeseries"
 	@echo "the side-by-side charts: http://localhost:6006/#custom_scalars"
-	$(PY) -m tensorboard.main $$($(PY) -m project.toolkit.cli.run_dirs $(LOGDIR))
+	$(PY) -m tensorboard.main $$($(PY) -m project.toolkit.cli.tensorboard_runs $(LOGDIR))
 
 clean:  ## caches and build files; keeps .venv, data/ and lightning_logs/
 	rm -rf .pytest_cache .ruff_cache build *.egg-info

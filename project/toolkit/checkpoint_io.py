@@ -14,7 +14,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from project.toolkit.errors import ProjectError
-from project.toolkit.helpers import human_bytes, tensor_bytes
+from project.toolkit.helpers import human_bytes, is_remote, joined, tensor_bytes
 
 # torch's file writer reports a short write (a full disk) as a RuntimeError of its own, not as the OSError.
 WRITER_FAILURES = ("inline_container", "PytorchStreamWriter", "file write failed")
@@ -25,9 +25,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     file intact."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+        if is_remote(path):  # s3://, memory://: Lightning's own save, through fsspec (a file:// URL: its local path)
+            return super().save_checkpoint(checkpoint, path, storage_options)
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options")
-        path = Path(path)
+        path = joined(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
         try:

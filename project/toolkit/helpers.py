@@ -1,5 +1,5 @@
 """Small helpers every part of the toolkit uses: bytes for people, the cores a process may use, a tensor tree's size,
-a path as a user reads it."""
+a path as a user reads it, or as an fsspec URL."""
 
 from __future__ import annotations
 
@@ -43,3 +43,24 @@ def shown_path(path: str | Path) -> str:
         return str(absolute.relative_to(Path.cwd()))
     except ValueError:
         return str(absolute)
+
+
+def is_remote(path: Any) -> bool:  # an fsspec URL of another file system than this machine's (s3://, memory://)
+    return "://" in str(path) and not str(path).startswith("file://")
+
+
+def joined(*parts: Any) -> Any:
+    """``part/part/...``: a local Path (a ``file://`` URL is its path), or a URL from the last part that is one."""
+    parts = [str(part) for part in parts if part]
+    start = max((i for i, part in enumerate(parts) if is_remote(part)), default=-1)
+    if start < 0:
+        return Path(*(part.removeprefix("file://") for part in parts))
+    return "/".join([parts[start].rstrip("/"), *parts[start + 1 :]])
+
+
+def found(root: Any, pattern: str) -> list[str]:  # what under a folder or a URL matches the glob pattern
+    if is_remote(root):
+        from project.toolkit.remote import glob_url  # only for a remote root
+
+        return glob_url(root, pattern)
+    return [str(path) for path in Path(joined(root)).glob(pattern)]

@@ -25,7 +25,7 @@ from project.__main__ import main
 from project.model import ImageClassifier
 from project.toolkit.cli import checks as preflight
 from project.toolkit.cli import top_level_help
-from project.toolkit.cli.run_dirs import run_label, tensorboard_logdir_spec
+from project.toolkit.cli.tensorboard_runs import run_label, tensorboard_logdir_spec
 from project.tools.bench import compare as compare_module
 from project.tools.bench.report import speedups
 from tests.support.runs import one_error_line

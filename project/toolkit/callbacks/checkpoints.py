@@ -19,6 +19,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from project.toolkit.checkpoint_io import AtomicCheckpointIO
 from project.toolkit.errors import ProjectError
+from project.toolkit.helpers import found, is_remote
 from project.toolkit.log import get_logger
 from project.toolkit.safe_load import check_sharded_metadata, read_checkpoint
 from project.toolkit.strategies.deepspeed import is_deepspeed_checkpoint
@@ -51,10 +52,10 @@ class Checkpoints(ModelCheckpoint):
         self._flag: torch.Tensor | None = None  # the one-number buffer it is agreed through; None: one process
 
     @property
-    def last_path(self) -> Path | None:
+    def last_path(self) -> str | None:
         if not self.dirpath:
             return None
-        return Path(self.dirpath) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+        return os.path.join(self.dirpath, f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")  # a URL stays one
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
@@ -157,9 +158,9 @@ class Checkpoints(ModelCheckpoint):
 def check_checkpoint_file(path: str | Path, trusted: bool = False) -> dict[str, Any] | None:
     """A one-line :class:`ProjectError` naming ``path`` unless it is a loadable Lightning checkpoint (or a
     sharded checkpoint folder) of plain data, or ``trusted``; returns the checkpoint (None for a folder). The file is
-    memory-mapped, not read."""
-    path = Path(path)
-    if path.is_dir():
+    memory-mapped, not read (a remote one, ``s3://``..., is read whole, as Lightning's own load of it does)."""
+    path = path if (remote := is_remote(path)) else Path(path)
+    if not remote and path.is_dir():
         if not (path / ".metadata").is_file() and not (path / "meta.pt").is_file():
             raise ProjectError(f"--ckpt_path={path}: a folder, but not a sharded checkpoint (no .metadata inside)")
         if not trusted and (path / ".metadata").is_file():
@@ -167,10 +168,13 @@ def check_checkpoint_file(path: str | Path, trusted: bool = False) -> dict[str, 
         if (path / "meta.pt").is_file():
             read_checkpoint(path / "meta.pt", "--ckpt_path", trusted)
         return None
-    if not path.is_file():
+    if not remote and not path.is_file():
         raise ProjectError(f"--ckpt_path={path}: no such file; pass a checkpoint file, 'last' or 'best'")
+    if remote:
+        from project.toolkit.remote import read_url  # only for a remote file
     try:
-        checkpoint = read_checkpoint(path, "--ckpt_path", trusted)
+        source = read_url(path, "--ckpt_path") if remote else path
+        checkpoint = read_checkpoint(source, "--ckpt_path", trusted, mmap=not remote)
     except ProjectError:
         raise
     except Exception as err:  # truncated, garbled, or not a torch file at all
@@ -183,12 +187,12 @@ def check_checkpoint_file(path: str | Path, trusted: bool = False) -> dict[str, 
     return checkpoint
 
 
-def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False, trusted: bool = False) -> str | None:
+def find_checkpoint(which: str, runs_root: Path | str, allow_none: bool = False, trusted: bool = False) -> str | None:
     """The ``last.ckpt`` of the newest run under ``runs_root``, or that run's best checkpoint (read from ``last.ckpt``,
     as plain data unless ``trusted``); None where there is none and ``allow_none`` (``fit --ckpt_path=last`` before
     any run)."""
-    found = runs_root.glob("version_*/checkpoints/last.ckpt")  # sorted by number: version_10 after version_9
-    runs = sorted(found, key=lambda p: int(n) if (n := p.parent.parent.name[8:]).isdigit() else -1)
+    lasts = found(runs_root, "version_*/checkpoints/last.ckpt")  # sorted by number: version_10 after version_9
+    runs = sorted(lasts, key=lambda p: int(n) if (n := Path(p).parent.parent.name[8:]).isdigit() else -1)
     if not runs:
         if allow_none:
             log.warning("--ckpt_path=%s: no checkpoint under %s yet; starting from scratch", which, runs_root)
@@ -208,7 +212,7 @@ def find_checkpoint(which: str, runs_root: Path, allow_none: bool = False, trust
     if best == "":  # ranked nothing: a run without validation (data.val_size=0) keeps last.ckpt only
         log.warning("--ckpt_path=best: the run of %s ranked no checkpoint (no validation); using its last.ckpt", last)
         return str(last)
-    if not best or not Path(best).is_file():
+    if not best or not (is_remote(best) or Path(best).is_file()):  # a remote one: checked as it is read
         raise ProjectError(
             f"--ckpt_path=best: the run of {last} recorded no best checkpoint that still exists ({best!r})"
         )

@@ -5,6 +5,7 @@ and bad input as one ``error:`` line (exit status 2) leaving no half-made run fo
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
 import os
@@ -33,10 +34,11 @@ from project.toolkit.callbacks.guards import Guards, out_of_memory_message
 from project.toolkit.cli import checks, messages
 from project.toolkit.cli.checkpoint_settings import adopt_checkpoint_settings, adopt_data_set, check_classes
 from project.toolkit.cli.process_exit import leave_gloo_process_group
-from project.toolkit.cli.run_dirs import arrange_run_folder, runs_root
+from project.toolkit.cli.run_dirs import CLAIMED, arrange_run_folder, runs_root, starts_run
 from project.toolkit.cli.run_settings import adopt_weights_preprocessing, callbacks_switched_off, derive_settings
 from project.toolkit.dotted import import_object, section_args
 from project.toolkit.errors import ProjectError
+from project.toolkit.helpers import is_remote
 from project.toolkit.log import get_logger, silence_known_noise
 from project.toolkit.strategies import deepspeed
 from project.toolkit.strategies.registry import COMMON_STRATEGIES, register_chosen, register_ddp_static
@@ -49,7 +51,8 @@ class RunContext:
     """What :func:`main` needs once a command has failed: its trainer and the run folder it created."""
 
     trainer: Trainer | None = None
-    created: Path | None = None
+    created: Path | None = None  # the outermost folder it made
+    folder: Path | None = None  # its run folder, in ``created`` (or it)
 
 
 class ProjectCLI(LightningCLI):
@@ -158,9 +161,17 @@ class ProjectCLI(LightningCLI):
         switched_off = callbacks_switched_off(config, list(DEFAULT_CALLBACKS)) | left_out_of(self.subcommand)
         for parser in self.parsers:  # the instantiated callbacks the Trainer is given
             parser.callback_keys[:] = [key for key in parser.callback_keys if key not in switched_off]
+        root_dir, root = trainer.get("default_root_dir") or os.getcwd(), runs_root(trainer)
+        if is_remote(root):  # checked before a run folder is claimed
+            from project.toolkit.remote import check_remote_root  # only for a remote root
+
+            check_remote_root(root_dir, switched_off, trainer.get("logger"))
+        else:
+            checks.check_writable(root, "trainer.default_root_dir", root_dir)
+        made = [folder for folder in (Path(root).absolute(), *Path(root).absolute().parents) if not folder.exists()]
         config_filename = arrange_run_folder(self.subcommand, config)
-        root_dir = trainer.get("default_root_dir") or os.getcwd()
-        checks.check_writable(runs_root(trainer), "trainer.default_root_dir", root_dir)
+        if (claimed := os.environ.get(CLAIMED)) and config_filename is None and starts_run():  # a folder of its own
+            self.context.created, self.context.folder = Path(made[-1] if made else claimed), Path(claimed)
         if config_filename:
             self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": config_filename}
 
@@ -190,8 +201,8 @@ class ProjectCLI(LightningCLI):
         trainer = self.trainer
         log_dir = trainer.log_dir
         folders = (Path(log_dir), *Path(log_dir).parents) if log_dir else ()
-        missing = [folder for folder in folders if not folder.exists()]
-        self.context.created = missing[-1] if missing else None  # the outermost of them
+        if missing := [folder for folder in folders if not folder.exists()]:  # else: the one its run claimed
+            self.context.created, self.context.folder = missing[-1], Path(log_dir)  # the outermost; the run's
         starts_the_others = hasattr(trainer.strategy.launcher, "procs") and "LOCAL_RANK" not in os.environ
         if trainer.world_size > 1 and trainer.num_nodes == 1 and starts_the_others:
             checks.check_master_port()
@@ -201,11 +212,14 @@ class ProjectCLI(LightningCLI):
 
 def _remove_unused_folder(context: RunContext) -> None:
     """Remove the run folder a command created if it stopped before any training step and saved no checkpoint."""
-    created, trainer = context.created, context.trainer
-    if created is None or trainer is None or not created.exists() or trainer.global_step or not trainer.is_global_zero:
+    created, folder, trainer = context.created, context.folder or context.created, context.trainer
+    busy = trainer is not None and (trainer.global_step or not trainer.is_global_zero)
+    if created is None or folder is None or not folder.exists() or busy or any(folder.rglob("*.ckpt")):
         return
-    if not any(created.rglob("*.ckpt")):
-        shutil.rmtree(created, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)
+    for parent in [parent for parent in folder.parents if parent.is_relative_to(created)]:  # made by it, now empty
+        with contextlib.suppress(OSError):  # another run's folder in it
+            parent.rmdir()
 
 
 def run_failed(error: BaseException, context: RunContext) -> BaseException:
@@ -288,6 +302,7 @@ def main(args: ArgsType = None, model: str = "", data: str = "") -> ProjectCLI:
             )
         except (SIGTERMException, ProjectError, MisconfigurationException, RuntimeError) as err:
             if context.trainer is None:
+                _remove_unused_folder(context)
                 raise
             raise run_failed(err, context) from None
         except BaseException:

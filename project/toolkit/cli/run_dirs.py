@@ -9,23 +9,23 @@ Loggers beside TensorBoard (``configs/logger/``): a CSVLogger's ``metrics.csv`` 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import pickle
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from jsonargparse import Namespace
 
-from project.toolkit.dotted import section_args
 from project.toolkit.errors import ProjectError
+from project.toolkit.helpers import found, is_remote, joined
 
 DEFAULT_LOGGER_NAME = "lightning_logs"  # Lightning's default logger's folder
 TENSORBOARD_LOGGER = "project.toolkit.callbacks.views.TensorBoardLogger"  # Lightning's, without placeholders
 RECORDED = re.compile(r"version_\d+")  # a version (or MLflow run name) placed here, as config.yaml records it
+CLAIMED = "PROJECT_RUN_FOLDER"  # the run folder a run's first process claimed, for the processes it starts
 
 
 def folder_loggers(logger: Any) -> list[Any]:
@@ -34,13 +34,13 @@ def folder_loggers(logger: Any) -> list[Any]:
     return [e for e in entries if str(getattr(e, "class_path", "")).endswith(("TensorBoardLogger", "CSVLogger"))]
 
 
-def runs_root(trainer_config: Any) -> Path:
-    """The folder of the ``version_N`` run folders: the first TensorBoard or CSV logger's ``save_dir/name``."""
-    root = Path(trainer_config.get("default_root_dir") or os.getcwd())
+def runs_root(trainer_config: Any) -> Path | str:
+    """The folder of the ``version_N`` run folders (a URL under a remote root): the first folder logger's folder."""
+    root = trainer_config.get("default_root_dir") or os.getcwd()
     init_args = next((e.init_args for e in folder_loggers(trainer_config.get("logger"))), None)
     if init_args is None:
-        return root / DEFAULT_LOGGER_NAME
-    return root / (init_args.get("save_dir") or "") / (init_args.get("name", DEFAULT_LOGGER_NAME) or "")
+        return joined(root, DEFAULT_LOGGER_NAME)
+    return joined(root, init_args.get("save_dir"), init_args.get("name", DEFAULT_LOGGER_NAME))
 
 
 def run_folder_of(checkpoint: Any) -> Path | None:
@@ -79,8 +79,6 @@ def same_setup(fit_run: Path, config: Any, resolved: dict[str, Any] | None = Non
 
 def checkpoint_data_settings(checkpoint: Any) -> dict[str, Any]:
     """The data settings a checkpoint file records (its data module's, as resolved in the fit); empty if none."""
-    import torch  # only here: `make tensorboard` runs this module without it
-
     try:  # checked, or allowed by name where trusted (--weights_only=false), before this
         saved = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)
     except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError):  # a folder (sharded), unreadable
@@ -99,75 +97,65 @@ def setting(config: Any, key: str) -> Any:
     return value
 
 
+def starts_run() -> bool:  # whether this process starts its run: global rank 0, or ddp's launcher before the others
+    return all(os.environ.get(name, "0") == "0" for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"))
+
+
+def claim_version(root: Path | str, claim: bool) -> str:
+    """The run's ``version_N`` under ``root``. Where ``claim``, the run's first process makes it with one ``mkdir``, the
+    next number where another run made it first; the ranks ddp's launcher starts take it from their environment, others
+    (torchrun, srun) a provisional one: Lightning hands them rank 0's folder. Not on a remote root (no atomic mkdir)."""
+    number = max([int(n) for p in found(root, "version_*") if (n := Path(p).name[8:]).isdigit()], default=-1) + 1
+    if not starts_run():
+        return given.name if (given := Path(os.environ.get(CLAIMED, "/"))).parent == Path(root) else f"version_{number}"
+    os.environ.pop(CLAIMED, None)
+    while claim and not is_remote(root):
+        try:
+            os.makedirs(Path(root, f"version_{number}"))  # FileExistsError where that very folder exists
+            os.environ[CLAIMED] = str(Path(root, f"version_{number}"))
+            break
+        except FileExistsError:
+            number += 1
+    return f"version_{number}"
+
+
 def arrange_run_folder(subcommand: str, config: Any) -> str | None:
     """Point the run's outputs at its run folder by editing the parsed ``config`` before the Trainer is built; returns
     the config's file name where it is not ``config.yaml``. Every rank computes it; rank 0 alone writes."""
     trainer = config.trainer
+    if str(trainer.get("default_root_dir")).startswith("file://"):  # Lightning would take it for a relative folder
+        trainer.default_root_dir = str(joined(trainer.default_root_dir))
     logger = trainer.get("logger")
     fit_run = run_folder_of(config.get("ckpt_path")) if subcommand != "fit" else None
     if fit_run is not None and not same_setup(fit_run, config, checkpoint_data_settings(config.ckpt_path)):
         fit_run = None
     root_dir, root = trainer.get("default_root_dir") or os.getcwd(), runs_root(trainer)
-    numbers = [int(p.name[8:]) for p in root.glob("version_*") if p.name[8:].isdigit()]  # the default logger's rule
-    version = fit_run.name if fit_run else f"version_{max(numbers, default=-1) + 1}"  # one for all the run's loggers
-    if logger is False:
-        trainer.default_root_dir = str(fit_run or root / version)
     if logger in (None, True):  # Lightning's default logger, without its placeholder cards (see views.py)
         logger = trainer.logger = Namespace(class_path=TENSORBOARD_LOGGER, init_args=Namespace())
-    for entry in folder_loggers(logger):
+    entries = logger if isinstance(logger, list) else [logger]
+    mlflow = [e.init_args for e in entries if str(getattr(e, "class_path", "")).endswith("MLFlowLogger")]
+    if mlflow and importlib.util.find_spec("mlflow") is None:  # said before a run folder is claimed
+        raise ProjectError("trainer.logger: MLFlowLogger needs MLflow, not installed: pip install '.[mlflow]'")
+    loggers = folder_loggers(logger)  # a config.yaml's version_N is not kept: a rerun is a new run
+    kept = [(v := e.init_args.get("version")) is not None and not RECORDED.fullmatch(str(v)) for e in loggers]
+    version = fit_run.name if fit_run else claim_version(root, logger is False or not all(kept))  # one for all
+    if logger is False:
+        trainer.default_root_dir = str(fit_run or joined(root, version))
+    for entry, keep in zip(loggers, kept, strict=True):
         args = entry.init_args
-        if fit_run is None:  # save_dir: relative to default_root_dir; a config.yaml's version_N: rerun as a new one
-            kept = args.get("version") is not None and not RECORDED.fullmatch(str(args.version))
-            args.save_dir = str(Path(root_dir) / (args.get("save_dir") or ""))
-            args.version = args.version if kept else version
+        if fit_run is None:  # save_dir: relative to default_root_dir
+            args.save_dir = str(joined(root_dir, args.get("save_dir")))
+            args.version = args.version if keep else version
         elif entry.class_path.endswith("CSVLogger"):  # an evaluation's metrics.csv of its own: the fit's is kept
             args.save_dir, args.name, args.version = str(fit_run), "", subcommand
         else:
             args.save_dir, args.name, args.version = str(fit_run.parent.parent), fit_run.parent.name, version
-    entries = logger if isinstance(logger, list) else [logger]
     if fit_run is not None:  # TensorBoard first: the first logger's folder is the run folder (the fit's)
         entries.sort(key=lambda entry: not str(getattr(entry, "class_path", "")).endswith("TensorBoardLogger"))
-    for args in [e.init_args for e in entries if str(getattr(e, "class_path", "")).endswith("MLFlowLogger")]:
-        if importlib.util.find_spec("mlflow") is None:
-            raise ProjectError("trainer.logger: MLFlowLogger needs MLflow, not installed: pip install '.[mlflow]'")
+    for args in mlflow:
         if not args.get("run_name") or RECORDED.match(args.run_name):  # named by its run folder
             args.run_name = f"{version}-{subcommand}"
         if not args.get("tracking_uri"):  # MLflow's local store, beside the runs
             where = Path(root_dir).absolute()
             args.tracking_uri, args.artifact_location = f"sqlite:///{where / 'mlflow.db'}", str(where / "mlruns")
     return None if fit_run is None else f"config-{subcommand}.yaml"
-
-
-def run_label(folder: Path) -> str:
-    """A run's name for TensorBoard, ``version_3-ddp-resnet50-2xcpu-b256``: its folder and setup (from its
-    ``timing.json``, else its ``config.yaml``)."""
-    setup: list[Any] = []
-    timing_file, config_file = folder / "timing.json", folder / "config.yaml"
-    try:
-        if timing_file.is_file():
-            timing = json.loads(timing_file.read_text())
-            devices = f"{timing['devices']}x{timing['accelerator']}" if "devices" in timing else None
-            batch = f"b{timing['batch_size']}" if "batch_size" in timing else None
-            setup = [timing.get("strategy"), timing.get("arch"), devices, batch]
-        elif config_file.is_file():
-            config = yaml.safe_load(config_file.read_text()) or {}
-            trainer, model = config.get("trainer") or {}, config.get("model") or {}
-            arch = (section_args(model) or {}).get("arch")
-            setup = [trainer.get("strategy"), arch, f"{trainer.get('devices')}x{trainer.get('accelerator')}"]
-    except (OSError, ValueError, yaml.YAMLError, AttributeError):
-        setup = []
-    words = [str(word) for word in setup if word is not None and not isinstance(word, dict)]
-    return "-".join(re.sub(r"[^\w.+]+", "_", word) for word in [folder.name, *words])
-
-
-def tensorboard_logdir_spec(root: Path) -> str:
-    """TensorBoard's ``--logdir_spec`` naming each run folder under ``root`` by :func:`run_label` (not just
-    ``version_N``); ``--logdir=root`` where there is none yet."""
-    folders = sorted({p.parent for p in Path(root).rglob("events.out.tfevents.*")})
-    if not folders:
-        return f"--logdir={root}"
-    return "--logdir_spec=" + ",".join(f"{run_label(folder)}:{folder}" for folder in folders)
-
-
-if __name__ == "__main__":  # make tensorboard: the runs under LOGDIR, named by their setup
-    print(tensorboard_logdir_spec(Path(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_LOGGER_NAME)))
