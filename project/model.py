@@ -29,6 +29,8 @@ from project.toolkit.errors import ProjectError
 from project.toolkit.training import ConfusionMatrix, SampleMean, WarmupCosine, fusable, log_step_values, lr_for_batch
 
 DEFAULT_LR = 0.1  # SGD's peak learning rate for the default global batch of 256
+# The tag Lightning's LearningRateMonitor logs the learning rate under: train/lr, train/lr/<group> for several groups.
+LR_TAG = "train/lr"
 
 
 class ImageClassifier(LightningModule):
@@ -215,13 +217,14 @@ class ImageClassifier(LightningModule):
             sgd |= {"nesterov": hp.nesterov, "weight_decay": hp.weight_decay}
             # fused: one kernel launch for every parameter's update, where they all sit on one CUDA device
             optimizer = torch.optim.SGD(parameters, **sgd, fused=fusable(parameters) or None)
-        if self.scheduler_factory is not None:
-            return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}  # once per epoch
+        if self.scheduler_factory is not None:  # stepped once per epoch
+            scheduler = {"scheduler": self.scheduler_factory(optimizer), "name": LR_TAG}
+            return {"optimizer": optimizer, "lr_scheduler": scheduler}
         total_steps = int(self.trainer.estimated_stepping_batches)
         steps_per_epoch = math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
         warmup_steps = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup_steps, total_steps))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step", "name": LR_TAG}}
 
 
 def _check_optimizer_options(
