@@ -7,10 +7,9 @@ The module is the same under every strategy and names none of them: what the tem
 strategies need of it -- the network in ``net``, the loss in ``criterion``, ... -- is the
 small contract of :mod:`project.toolkit.strategies.contract`, which they check and use.
 
-The training and evaluation steps never read a device value on the host: on an accelerator such a
-read waits for every queued kernel and leaves the device idle while the host prepares the next step.
-Values are read where they are shown or written -- the loggers every ``log_every_n_steps`` steps,
-the epoch metrics once per epoch.
+The training and evaluation steps never read a device value on the host: on an accelerator such a read waits for every
+queued kernel and leaves the device idle while the host prepares the next step. Values are read where they are shown or
+written -- the loggers every ``log_every_n_steps`` steps, the epoch metrics once per epoch.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from project.toolkit.errors import ProjectError
 from project.toolkit.training import ConfusionMatrix, SampleMean, WarmupCosine, fusable, log_step_values, lr_for_batch
 
 DEFAULT_LR = 0.1  # SGD's peak learning rate for the default global batch of 256
+LR_TAG = {"name": "train/lr"}  # LearningRateMonitor logs the lr under it (train/lr/<group> for several groups)
 
 
 class ImageClassifier(LightningModule):
@@ -215,13 +215,13 @@ class ImageClassifier(LightningModule):
             sgd |= {"nesterov": hp.nesterov, "weight_decay": hp.weight_decay}
             # fused: one kernel launch for every parameter's update, where they all sit on one CUDA device
             optimizer = torch.optim.SGD(parameters, **sgd, fused=fusable(parameters) or None)
-        if self.scheduler_factory is not None:
-            return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}  # once per epoch
+        if self.scheduler_factory is not None:  # stepped once per epoch
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.scheduler_factory(optimizer), **LR_TAG}}
         total_steps = int(self.trainer.estimated_stepping_batches)
         steps_per_epoch = math.ceil(self.trainer.num_training_batches / self.trainer.accumulate_grad_batches)
         warmup_steps = min(total_steps, round(hp.warmup_epochs * steps_per_epoch))
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(warmup_steps, total_steps))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step", **LR_TAG}}
 
 
 def _check_optimizer_options(

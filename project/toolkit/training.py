@@ -59,13 +59,13 @@ def logging_step(step: int, trainer: Any) -> bool:
 
 
 def log_step_values(module: LightningModule, outputs: Any) -> None:
-    """The step's loss and learning rate straight to the loggers, where they write (:func:`logging_step`), after the
-    step: a value given to ``self.log`` would be gathered again by Lightning at every later step of the epoch."""
+    """The step's loss straight to the loggers, where they write (:func:`logging_step`), after the step: a value given
+    to ``self.log`` would be gathered again by Lightning at every later step of the epoch. (The learning rate of every
+    param group: Lightning's LearningRateMonitor, which the trainer commands add where a logger is.)"""
     if not (module.loggers and logging_step(module.global_step, module.trainer)):
         return
     loss = outputs["loss"] if isinstance(outputs, dict) else outputs
     values = {"train/loss_step": float(loss), "epoch": module.current_epoch}
-    values["train/lr"] = module.trainer.optimizers[0].param_groups[0]["lr"]
     for logger in module.loggers:  # at the step Lightning's own logging names: the batches stepped before this one
         logger.log_metrics(values, step=module.global_step - 1)
 

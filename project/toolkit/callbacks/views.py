@@ -21,6 +21,7 @@ LAYOUT: dict[str, dict[str, list[str]]] = {
     "training": {
         "accuracy": [r"^train/acc$", r"^val/acc$"],
         "loss": [r"^train/loss$", r"^train/loss_step$", r"^val/loss$"],
+        "learning rate": [r"^train/lr($|/)"],  # LearningRateMonitor's: train/lr, or train/lr/<group> for each group
         "samples per second (train)": [r"^time/train_samples_per_second$"],
         "seconds per epoch": [r"^time/train_epoch_seconds$", r"^time/val_epoch_seconds$"],
         "peak memory MiB per rank": [r"^memory/peak_mb/"],

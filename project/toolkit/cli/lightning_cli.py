@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelSummary
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.strategies import StrategyRegistry
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -191,8 +191,11 @@ class ProjectCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         if not summary_given:  # the summary Lightning added: one with the network's FLOPs instead
             trainer.callbacks = [with_flops(callback) for callback in trainer.callbacks]
-        # With the template's own: Lightning's two that work only as a run starts, and would cost each step otherwise.
-        trainer.callbacks = grouped(trainer.callbacks, (*GROUPED, ModelSummary, SaveConfigCallback))
+        if trainer.loggers and find_callback(trainer, LearningRateMonitor) is None:  # it refuses a run with no logger
+            trainer.callbacks.append(LearningRateMonitor())  # every param group's lr, under its scheduler's name
+        # With the template's own: Lightning's callbacks that would cost every hook of each step otherwise.
+        kinds = (*GROUPED, ModelSummary, SaveConfigCallback, LearningRateMonitor)
+        trainer.callbacks = grouped(trainer.callbacks, kinds)
         self.context.trainer = trainer
         return trainer
 

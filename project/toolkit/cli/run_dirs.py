@@ -158,4 +158,9 @@ def arrange_run_folder(subcommand: str, config: Any) -> str | None:
         if not args.get("tracking_uri"):  # MLflow's local store, beside the runs
             where = Path(root_dir).absolute()
             args.tracking_uri, args.artifact_location = f"sqlite:///{where / 'mlflow.db'}", str(where / "mlruns")
+    if wandb := [e.init_args for e in entries if str(getattr(e, "class_path", "")).endswith("WandbLogger")]:
+        from project.toolkit.wandb_run import arrange_wandb_runs  # only with a W&B logger
+
+        resumed_from = run_folder_of(config.get("ckpt_path")) if subcommand == "fit" else None
+        arrange_wandb_runs(wandb, fit_run or root / version, subcommand, resumed_from, RECORDED)
     return None if fit_run is None else f"config-{subcommand}.yaml"
