@@ -6,7 +6,6 @@ folder (``--ckpt_path=last``) continues that folder's W&B run, whose id its ``co
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import netrc
 import os
@@ -20,7 +19,6 @@ import yaml
 from lightning.pytorch import loggers
 from lightning.pytorch.utilities import rank_zero_only
 
-from project.toolkit.errors import ProjectError
 from project.toolkit.helpers import shown_path
 
 
@@ -77,8 +75,6 @@ def arrange_wandb_runs(
     by it, a new id; a name or id matching ``placed`` (``version_N...``, as a config.yaml records them) is replaced,
     one you set stays. A fit from a checkpoint of the run folder ``resumed_from`` continues the W&B run recorded
     there."""
-    if importlib.util.find_spec("wandb") is None:
-        raise ProjectError("trainer.logger: WandbLogger needs wandb, not installed: pip install '.[wandb]'")
     resumed = recorded_run(resumed_from) if resumed_from else {}
     label = folder.name if subcommand == "fit" else f"{folder.name}-{subcommand}"
     for args in entries:

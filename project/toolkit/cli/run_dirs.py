@@ -25,6 +25,8 @@ from project.toolkit.helpers import found, is_remote, joined
 DEFAULT_LOGGER_NAME = "lightning_logs"  # Lightning's default logger's folder
 TENSORBOARD_LOGGER = "project.toolkit.callbacks.views.TensorBoardLogger"  # Lightning's, without placeholders
 RECORDED = re.compile(r"version_\d+")  # a version (or MLflow run name) placed here, as config.yaml records it
+# A tracker's logger -> the module it needs, its name, the extra that installs it.
+TRACKER_PACKAGES = {"MLFlowLogger": ("mlflow", "MLflow", "mlflow"), "WandbLogger": ("wandb", "wandb", "wandb")}
 CLAIMED = "PROJECT_RUN_FOLDER"  # the run folder a run's first process claimed, for the processes it starts
 
 
@@ -133,9 +135,11 @@ def arrange_run_folder(subcommand: str, config: Any) -> str | None:
     if logger in (None, True):  # Lightning's default logger, without its placeholder cards (see views.py)
         logger = trainer.logger = Namespace(class_path=TENSORBOARD_LOGGER, init_args=Namespace())
     entries = logger if isinstance(logger, list) else [logger]
-    mlflow = [e.init_args for e in entries if str(getattr(e, "class_path", "")).endswith("MLFlowLogger")]
-    if mlflow and importlib.util.find_spec("mlflow") is None:  # said before a run folder is claimed
-        raise ProjectError("trainer.logger: MLFlowLogger needs MLflow, not installed: pip install '.[mlflow]'")
+    kinds = [str(getattr(e, "class_path", "")).rsplit(".", 1)[-1] for e in entries]
+    for kind, (module, name, extra) in TRACKER_PACKAGES.items():  # said before a run folder is claimed
+        if kind in kinds and importlib.util.find_spec(module) is None:
+            raise ProjectError(f"trainer.logger: {kind} needs {name}, not installed: pip install '.[{extra}]'")
+    mlflow, wandb = ([e.init_args for e, k in zip(entries, kinds, strict=True) if k == t] for t in TRACKER_PACKAGES)
     loggers = folder_loggers(logger)  # a config.yaml's version_N is not kept: a rerun is a new run
     kept = [(v := e.init_args.get("version")) is not None and not RECORDED.fullmatch(str(v)) for e in loggers]
     version = fit_run.name if fit_run else claim_version(root, logger is False or not all(kept))  # one for all
@@ -158,7 +162,7 @@ def arrange_run_folder(subcommand: str, config: Any) -> str | None:
         if not args.get("tracking_uri"):  # MLflow's local store, beside the runs
             where = Path(root_dir).absolute()
             args.tracking_uri, args.artifact_location = f"sqlite:///{where / 'mlflow.db'}", str(where / "mlruns")
-    if wandb := [e.init_args for e in entries if str(getattr(e, "class_path", "")).endswith("WandbLogger")]:
+    if wandb:
         from project.toolkit.wandb_run import arrange_wandb_runs  # only with a W&B logger
 
         resumed_from = run_folder_of(config.get("ckpt_path")) if subcommand == "fit" else None
