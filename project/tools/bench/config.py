@@ -5,6 +5,7 @@ variants; a strategy: a name or ``pipeline-mb<N>``."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -124,24 +125,34 @@ _RULES: dict[str, tuple[Any, str]] = {
 _REQUIRED = ("strategies", "archs", "batch_sizes")
 
 
-def load_config(path: Path) -> BenchConfig:
-    """Read and check a bench YAML file; anything wrong is a :class:`ProjectError` naming it."""
+Rules = dict[str, tuple[Callable[[Any], bool], str]]  # a key -> its check, and what it allows in words
+
+
+def read_settings(path: Path, where: str, rules: Rules, presets: list[str]) -> dict[str, Any]:
+    """The YAML mapping in ``path``, each key one of ``rules`` and each value passing its rule (bench's and search's
+    files); anything else a :class:`ProjectError` starting with ``where``."""
     if not path.is_file():
-        raise ProjectError(f"bench --config {path}: no such file, nor a preset ({', '.join(preset_names())})")
+        raise ProjectError(f"{where}: no such file, nor a preset ({', '.join(presets) or 'none found'})")
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ProjectError(f"bench --config {path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        raise ProjectError(f"{where}: not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(raw, dict):
-        raise ProjectError(f"bench --config {path}: expected a mapping of settings, found {type(raw).__name__}")
-    if unknown := sorted(set(raw) - set(_RULES)):
-        raise ProjectError(f"bench --config {path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(_RULES)}")
+        raise ProjectError(f"{where}: expected a mapping of settings, found {type(raw).__name__}")
+    if unknown := sorted(set(raw) - set(rules)):
+        raise ProjectError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(rules)}")
+    for key, value in raw.items():
+        ok, allowed = rules[key]
+        if not ok(value):
+            raise ProjectError(f"{where}: {key}={value!r} is not allowed: it must be {allowed}")
+    return raw
+
+
+def load_config(path: Path) -> BenchConfig:
+    """Read and check a bench YAML file; anything wrong is a :class:`ProjectError` naming it."""
+    raw = read_settings(path, f"bench --config {path}", _RULES, preset_names())
     if missing := [key for key in _REQUIRED if key not in raw]:
         raise ProjectError(f"bench --config {path}: missing key(s) {', '.join(missing)}")
-    for key, value in raw.items():
-        ok, allowed = _RULES[key]
-        if not ok(value):
-            raise ProjectError(f"bench --config {path}: {key}={value!r} is not allowed: it must be {allowed}")
     if "precision" in raw:
         raw["precision"] = [str(p) for p in raw["precision"]]  # YAML reads 32 and 16 as numbers
     return BenchConfig(**raw)

@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from project.toolkit.errors import ProjectError
+from project.tools.bench.config import read_settings
 
 PRESETS = Path(__file__).resolve().parents[3] / "configs" / "search"  # in a checkout
 OPTION = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")  # a fit option without its dashes: model.lr, data.batch_size
@@ -112,22 +111,9 @@ def _param(where: str, name: str, spec: Any) -> Param:
 def load_config(path: Path) -> SearchConfig:
     """Read and check a search YAML file; anything wrong is a :class:`ProjectError` naming it."""
     where = f"search --config {path}"
-    if not path.is_file():
-        raise ProjectError(f"{where}: no such file, nor a preset ({', '.join(preset_names()) or 'none found'})")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ProjectError(f"{where}: not valid YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise ProjectError(f"{where}: expected a mapping of settings, found {type(raw).__name__}")
-    if unknown := sorted(set(raw) - set(_RULES)):
-        raise ProjectError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(_RULES)}")
+    raw = read_settings(path, where, _RULES, preset_names())
     if "params" not in raw:
         example = "model.lr: {low: 0.01, high: 1}"
         raise ProjectError(f"{where}: missing key params (the fit options searched, e.g. {example})")
-    for key, value in raw.items():
-        ok, allowed = _RULES[key]
-        if not ok(value):
-            raise ProjectError(f"{where}: {key}={value!r} is not allowed: it must be {allowed}")
     raw["params"] = {name: _param(where, name, spec) for name, spec in raw["params"].items()}
     return SearchConfig(**{"study_name": path.stem, **raw})
