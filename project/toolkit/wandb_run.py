@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import yaml
 from lightning.pytorch import loggers
 from lightning.pytorch.utilities import rank_zero_only
 
@@ -68,14 +67,12 @@ class WandbLogger(loggers.WandbLogger):
         print(f"  {'W&B run:':<17} {name}, {where}", flush=True)
 
 
-def arrange_wandb_runs(
-    entries: list[Any], folder: Path, subcommand: str, resumed_from: Path | None, placed: re.Pattern
-) -> None:
+def arrange_wandb_runs(entries: list[Any], folder: Path, subcommand: str, recorded: Any, placed: re.Pattern) -> None:
     """Point the ``init_args`` of each W&B logger in ``entries`` at the run folder ``folder``: its files there, named
     by it, a new id; a name or id matching ``placed`` (``version_N...``, as a config.yaml records them) is replaced,
-    one you set stays. A fit from a checkpoint of the run folder ``resumed_from`` continues the W&B run recorded
-    there."""
-    resumed = recorded_run(resumed_from) if resumed_from else {}
+    one you set stays. A fit resumed from a run folder continues the W&B run among ``recorded``, the loggers that
+    folder's config.yaml records."""
+    resumed = recorded_run(recorded)
     label = folder.name if subcommand == "fit" else f"{folder.name}-{subcommand}"
     for args in entries:
         args.save_dir = str(folder)
@@ -85,12 +82,8 @@ def arrange_wandb_runs(
             args.id = resumed.get("id") or f"{label}-{uuid.uuid4().hex[:8]}"
 
 
-def recorded_run(run_folder: Path) -> dict[str, Any]:
-    """The ``name`` and ``id`` of the W&B run that ``run_folder``'s ``config.yaml`` records; empty if none."""
-    saved = run_folder / "config.yaml"
-    if not saved.is_file():
-        return {}
-    entries = ((yaml.safe_load(saved.read_text()) or {}).get("trainer") or {}).get("logger") or []
+def recorded_run(entries: Any) -> dict[str, Any]:
+    """The ``name`` and ``id`` of the W&B logger among ``entries`` (as a config.yaml records them); empty if none."""
     for entry in entries if isinstance(entries, list) else [entries]:
         if isinstance(entry, dict) and str(entry.get("class_path", "")).endswith("WandbLogger"):
             return {key: value for key, value in (entry.get("init_args") or {}).items() if key in ("name", "id")}

@@ -64,10 +64,8 @@ def same_setup(fit_run: Path, config: Any, resolved: dict[str, Any] | None = Non
     """Whether ``config`` sets the :data:`SAME_SETUP` options as the ``config.yaml`` of ``fit_run`` did; a data
     setting the fit left unset (null), or that the data module resolved (``resolved``: the checkpoint's data
     settings), matches what the fit ran with."""
-    saved = fit_run / "config.yaml"
-    if not saved.is_file():
+    if (fit_config := saved_config(fit_run)) is None:
         return False
-    fit_config = yaml.safe_load(saved.read_text()) or {}
     own_config = config.as_dict() if isinstance(config, Namespace) else config
     resolved = resolved or {}
 
@@ -86,6 +84,12 @@ def checkpoint_data_settings(checkpoint: Any) -> dict[str, Any]:
     except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError):  # a folder (sharded), unreadable
         return {}
     return dict(saved.get("datamodule_hyper_parameters") or {}) if isinstance(saved, dict) else {}
+
+
+def saved_config(run_folder: Path) -> dict[str, Any] | None:
+    """The options a run folder's ``config.yaml`` records; None where it has none."""
+    saved = run_folder / "config.yaml"
+    return (yaml.safe_load(saved.read_text()) or {}) if saved.is_file() else None
 
 
 def setting(config: Any, key: str) -> Any:
@@ -165,6 +169,7 @@ def arrange_run_folder(subcommand: str, config: Any) -> str | None:
     if wandb:
         from project.toolkit.wandb_run import arrange_wandb_runs  # only with a W&B logger
 
-        resumed_from = run_folder_of(config.get("ckpt_path")) if subcommand == "fit" else None
-        arrange_wandb_runs(wandb, fit_run or root / version, subcommand, resumed_from, RECORDED)
+        resumed = run_folder_of(config.get("ckpt_path")) if subcommand == "fit" else None
+        recorded = setting(saved_config(resumed) or {}, "trainer.logger") if resumed else None
+        arrange_wandb_runs(wandb, fit_run or root / version, subcommand, recorded or [], RECORDED)
     return None if fit_run is None else f"config-{subcommand}.yaml"
