@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -31,6 +32,9 @@ log = get_logger(__name__)
 # killed a DataLoader worker (the kernel's out-of-memory killer, most often).
 _HOST_OOM = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes")
 _DEVICE_OOM = re.compile(r"(CUDA|MPS|XPU|HIP)[^.]*out of memory\.? Tried to allocate ([\d.]+ [KMGT]?i?B)")
+# How long a process on another machine may go unheard once there is cause to suspect it: a collective failed, or
+# SIGTERM or Ctrl-C came (its stop must end within SLURM's default KillWait of 30 s, a lost machine or not).
+SUSPECT_AFTER, SIGNALLED_AFTER = 5.0, 10.0
 _WORKER_KILLED = re.compile(r"DataLoader worker \(pid\(?s?\)? [^)]*\) is killed by signal: Killed")
 
 
@@ -62,46 +66,104 @@ class Guards(Callback):
 
     Args:
         finite_loss: Stop at the first non-finite training loss.
-        lost_rank: Stop every process when one of the run's processes dies.
+        lost_rank: Stop every process when one of the run's processes dies, or, in a run on several machines, goes
+            unheard (its machine or the network to it lost).
         poll_seconds: How often the lost-rank watcher looks.
+        lost_after: Seconds a process of a run on several machines may go unheard before every process stops; 10 s
+            once a SIGTERM or Ctrl-C came (a stop is being agreed), 5 s once a collective failed.
     """
 
     MAX_PENDING = 1000  # losses held at most between two reads (where the loggers write seldom or never)
 
-    def __init__(self, finite_loss: bool = True, lost_rank: bool = True, poll_seconds: float = 1.0) -> None:
+    def __init__(
+        self, finite_loss: bool = True, lost_rank: bool = True, poll_seconds: float = 1.0, lost_after: float = 60.0
+    ) -> None:
+        if lost_after <= 0:
+            raise ProjectError(f"--guards.lost_after={lost_after}: must be a number of seconds above 0")
         self.finite_loss, self.lost_rank, self.poll_seconds = finite_loss, lost_rank, poll_seconds
+        self.lost_after = lost_after
         self._pending: list[tuple[torch.Tensor, int, int]] = []  # (loss, step, epoch) not read yet
         self._children: list[subprocess.Popen] = []
         self._parent: tuple[int, int] | None = None  # (pid, global rank) of the process that started this one
         self._rank, self._world = 0, 1
         self._checkpoint: Callback | None = None
         self._stop = threading.Event()
+        self._heartbeats: Any = None  # Heartbeats, in a run on several machines
+        self._lock = threading.Lock()  # one look at a time: the watcher's, or the main thread's after a failure
+        self._signals: tuple[int, int] | None = None  # a pipe signals are written to, read by the watcher
+        self._signalled = False
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         procs = getattr(trainer.strategy.launcher, "procs", None)  # Lightning's subprocess launcher's children
-        if not self.lost_rank or trainer.world_size < 2 or procs is None:
+        several_machines = trainer.num_nodes > 1
+        if not self.lost_rank or trainer.world_size < 2 or (procs is None and not several_machines):
             return
         self._rank, self._world = trainer.global_rank, trainer.world_size
         self._checkpoint = trainer.checkpoint_callback
-        if trainer.local_rank == 0:
+        if procs is not None and trainer.local_rank == 0:
             self._children = list(procs)
-        else:
+        elif procs is not None:
             self._parent = (os.getppid(), trainer.global_rank - trainer.local_rank)
+        if several_machines:
+            from project.toolkit.callbacks.heartbeats import Heartbeats  # loaded by runs on several machines only
+
+            heartbeats = Heartbeats(trainer.global_rank, trainer.world_size, trainer.node_rank, self.lost_after)
+            if heartbeats.usable:
+                self._heartbeats, self._signalled = heartbeats, False
+                heartbeats.start()
+                self._note_signals()
+            else:
+                log.warning("no MASTER_ADDR and MASTER_PORT: a lost machine will not be noticed")
         self._stop.clear()
         threading.Thread(target=self._watch, name="lost-rank-watchdog", daemon=True).start()
 
+    def _note_signals(self) -> None:
+        """Have SIGTERM and Ctrl-C also written to a pipe the watcher reads: while the main thread waits in a
+        collective on a lost machine, Python's handlers (which agree on a stop, through a collective) never run."""
+        reader, writer = os.pipe()
+        os.set_blocking(writer, False)
+        try:
+            previous = signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread: a signal is then seen after lost_after, like any other loss
+            os.close(reader), os.close(writer)
+            return
+        if previous != -1:  # someone else's (an event loop's): theirs stays
+            signal.set_wakeup_fd(previous)
+            os.close(reader), os.close(writer)
+            return
+        self._signals = (reader, writer)
+
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._stop.set()
+        with self._lock:  # after the watcher's last look, which would beat again
+            heartbeats, self._heartbeats = self._heartbeats, None
+            if heartbeats is not None:
+                heartbeats.beat(last=True)
+        if self._signals is not None:
+            signal.set_wakeup_fd(-1)
+            self._signals = None  # the watcher closes the pipe
 
     def _watch(self) -> None:
-        while not self._stop.wait(self.poll_seconds):
-            self.stop_if_lost()
+        signals = self._signals
+        while not self._stop.is_set():
+            if signals is None:
+                self._stop.wait(self.poll_seconds)
+            elif select.select([signals[0]], [], [], self.poll_seconds)[0]:
+                received = os.read(signals[0], 64)
+                self._signalled = self._signalled or bool({signal.SIGTERM, signal.SIGINT} & set(received))
+            if not self._stop.is_set():
+                self.stop_if_lost()
+        if signals is not None:
+            os.close(signals[0]), os.close(signals[1])
 
     def stop_if_lost(self, wait_seconds: float = 0.0) -> None:
         """If a watched process is gone (within ``wait_seconds``), say so and exit; also run when a collective fails."""
+        if wait_seconds and self._heartbeats is not None:  # time for a peer's silence to show
+            wait_seconds = max(wait_seconds, SUSPECT_AFTER + 2 * self.poll_seconds)
         deadline = time.monotonic() + wait_seconds
         while True:
-            lost = self._lost()
+            with self._lock:
+                lost = self._lost(suspect=wait_seconds > 0)
             if lost is not None:
                 print(f"error: {lost}; stopping rank {self._rank} too. {self._saved()}", file=sys.stderr, flush=True)
                 for child in self._children:
@@ -109,7 +171,7 @@ class Guards(Callback):
                 os._exit(1)  # other threads may be blocked in a collective that never returns
             if time.monotonic() >= deadline:
                 return
-            time.sleep(0.1)
+            time.sleep(0.1 if self._heartbeats is None else self.poll_seconds)
 
     def _saved(self) -> str:
         """What the run saved so far and how to go on from it."""
@@ -123,7 +185,7 @@ class Guards(Callback):
         at = f" (step {step})" if step is not None else ""
         return f"Saved: {shown_path(last)}{at}; resume with the same command and --ckpt_path=last"
 
-    def _lost(self) -> str | None:
+    def _lost(self, suspect: bool = False) -> str | None:
         for local_rank, child in enumerate(self._children, start=1):
             code = child.poll()
             if code:
@@ -131,6 +193,9 @@ class Guards(Callback):
                 return f"rank {self._rank + local_rank} of {self._world} died ({how})"
         if self._parent is not None and os.getppid() != self._parent[0]:
             return f"rank {self._parent[1]} of {self._world}, which started this process, died"
+        if self._heartbeats is not None:
+            within = SUSPECT_AFTER if suspect else SIGNALLED_AFTER if self._signalled else self.lost_after
+            return self._heartbeats.lost(min(within, self.lost_after))
         return None
 
     def on_train_batch_end(
