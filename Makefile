@@ -11,7 +11,7 @@ LOGDIR ?= lightning_logs
 VENV_XLA ?= .venv-xla
 PY_XLA := $(VENV_XLA)/bin/python
 
-.PHONY: fit test test-xla test-slurm lint tensorboard clean
+.PHONY: fit test test-xla test-slurm test-multinode lint tensorboard clean
 
 # Which build of torch .venv gets. PyPI's, by default: on Linux its CUDA build (about 5.6 GB with its
 # nvidia-* wheels), which runs on a CPU too and is what CI installs. TORCH_INDEX names another index to
@@ -61,8 +61,15 @@ $(VENV)/.installed-dev: pyproject.toml
 fit: $(VENV)/.installed  ## train the default job (configs/default.yaml)
 	$(PY) -m project fit --config configs/default.yaml $(ARGS)
 
-test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included (the SLURM ones: make test-slurm)
-	$(PY) -m pytest -m "not slurm" $(ARGS)
+test: $(VENV)/.installed-dev  ## the whole test suite, slow tests included (SLURM, several machines: their targets)
+	$(PY) -m pytest -m "not slurm and not multinode" $(ARGS)
+
+# Several machines for real: ddp and fsdp across network namespaces of this host, each with its own interface and
+# address (tests/support/machines.py), started by environment and by torchrun; a machine lost mid-epoch. Needs root
+# (CI runs as root); REQUIRE_MULTINODE makes a machine that cannot make namespaces fail instead of skipping. The
+# two-node SLURM job is in make test-slurm.
+test-multinode: $(VENV)/.installed-dev  ## runs across two "machines" (network namespaces; root)
+	REQUIRE_MULTINODE=1 $(PY) -m pytest -m "multinode and not slurm" $(ARGS)
 
 # Template vs plain PyTorch, both with default options: training overhead, inference, input paths; what
 # host memory reuse gives a CPU run, what the timing callback costs, the Python calls per inference batch.
@@ -115,7 +122,8 @@ test-xla: $(VENV_XLA)/.installed  ## the XLA tests (fit + test on the XLA CPU de
 	PJRT_DEVICE=CPU REQUIRE_XLA=1 $(PY_XLA) -m pytest -m xla $(ARGS)
 
 # SLURM for real: the tests marked slurm start a one-node cluster on this machine (munged, slurmctld, slurmd, a
-# config in a temporary folder; tests/support/slurm_cluster.py) and run scripts/slurm/train.sbatch and srun on it.
+# config in a temporary folder; tests/support/slurm_cluster.py) and run scripts/slurm/train.sbatch and srun on it,
+# and a two-node one, a slurmd on each of two network namespaces (sbatch -N 2, requeued mid-epoch).
 # SLURM comes from the system's packages, installed here where missing (as root, as CI runs); where it cannot be
 # installed or started, the tests say so and are skipped.
 SLURM_PROGRAMS := slurmctld slurmd munged sbatch srun

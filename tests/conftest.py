@@ -17,6 +17,7 @@ from lightning.pytorch import Trainer
 
 from project.data import BASE_FOLDER, META_FILE, TEST_FILE, TRAIN_FILES
 from tests.support.fixtures import PALETTE, TINY_RUN
+from tests.support.machines import two_machines  # noqa: F401 (a fixture of the multinode tests)
 
 LABEL_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 TRAIN_PER_FILE = 40  # 5 files -> 200 training images

@@ -1,5 +1,5 @@
 """Every strategy end to end, as a user runs it: ``python -m project fit|validate|test|predict`` in a
-process of its own, on the CPU, two processes (gloo) for ddp and fsdp, and two "nodes" under torchrun.
+process of its own, on the CPU, two processes (gloo) for ddp and fsdp (two machines: test_two_machines.py).
 Slow (each run starts Python, torch and Lightning), and still part of CI."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from project.model import ImageClassifier
 from tests.integration.test_evaluation_report import confusion_of, read_confusion
 from tests.integration.test_strategies import last_checkpoint, recorded, recorder_args
 from tests.support.fixtures import TEST_IMAGES, ColourImages
-from tests.support.runs import free_port_below_ephemeral_range
 from tests.support.user_nets import sequential_convnet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -250,72 +248,6 @@ def test_fsdp_checkpoint_serves_a_single_device_and_uneven_data_is_refused_not_h
         "this data gives the processes [3, 2]; change data.batch_size, or run it on one device (fsdp checkpoints "
         "are single files)"
     )
-
-
-def wait_for_all(processes: list[subprocess.Popen], logs: list[Path], timeout: float) -> None:
-    """Wait until every process has exited 0. As soon as one fails, or at ``timeout``, kill the rest (a
-    process left alone would wait forever for its failed peer) and fail with the logs."""
-    deadline = time.monotonic() + timeout
-    while any(p.poll() is None for p in processes):
-        failed = any(p.returncode not in (None, 0) for p in processes)
-        if failed or time.monotonic() > deadline:
-            for p in processes:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-            break
-        time.sleep(0.5)
-    codes = [p.returncode for p in processes]
-    if codes != [0] * len(processes):
-        tails = "\n".join(f"--- {log.name}:\n{log.read_text()[-3000:]}" for log in logs)
-        pytest.fail(f"exit codes {codes} (negative: killed after a failure or at {timeout} s)\n{tails}")
-
-
-@pytest.mark.slow
-def test_two_nodes_under_torchrun_match_one_node_with_two_processes(tiny_args: list[str], tmp_path: Path) -> None:
-    common = [
-        *tiny_args,
-        "--trainer.strategy=ddp",
-        "--trainer.max_epochs=1",
-        "--trainer.limit_train_batches=3",
-        "--trainer.limit_val_batches=1",
-        "--trainer.deterministic=true",
-    ]
-    # One thread per process in both set-ups (Lightning's launcher picks cores / processes per node,
-    # which differs between them): CPU kernels split work by thread count, and so round differently.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    one_node = tmp_path / "one_node"
-    run_project("fit", *common, "--trainer.devices=2", f"--trainer.default_root_dir={one_node}", cwd=tmp_path, env=env)
-
-    # two "machines" on loopback, one process each; torchrun sets the ranks, Lightning reads them
-    two_nodes, port = tmp_path / "two_nodes", free_port_below_ephemeral_range()
-    node_args = [
-        *common,
-        "--trainer.devices=1",
-        "--trainer.num_nodes=2",
-        f"--trainer.default_root_dir={two_nodes}",
-        *recorder_args(two_nodes / "records"),
-        "--trainer.callbacks.save_weights=true",
-    ]
-    nodes, logs = [], [tmp_path / f"node{rank}.log" for rank in (0, 1)]
-    for node_rank, log in enumerate(logs):
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1"]
-        torchrun += [f"--node_rank={node_rank}", "--master_addr=127.0.0.1", f"--master_port={port}"]
-        with log.open("w") as output:  # the child keeps its own copy of the file descriptor
-            command = [*torchrun, "-m", "project", "fit", *node_args]
-            nodes.append(
-                subprocess.Popen(command, cwd=tmp_path, env=env, stdout=output, stderr=output, start_new_session=True)
-            )
-    wait_for_all(nodes, logs, timeout=300)
-    records = two_nodes / "records"
-    assert [recorded(records, "fit", rank)["world_size"] for rank in (0, 1)] == [2, 2]
-    node_weights = [torch.load(records / f"rank{rank}-weights.pt") for rank in (0, 1)]
-    expected = last_checkpoint(one_node)["state_dict"]
-    assert node_weights[0].keys() == node_weights[1].keys() == expected.keys()
-    for name in expected:
-        torch.testing.assert_close(node_weights[1][name], node_weights[0][name], rtol=0, atol=0, msg=name)
-        torch.testing.assert_close(node_weights[0][name], expected[name], rtol=0, atol=0, msg=name)
-    assert [p.name for p in (two_nodes / "lightning_logs").iterdir()] == ["version_0"]  # written once
 
 
 @pytest.mark.slow
