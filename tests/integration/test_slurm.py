@@ -23,7 +23,7 @@ from project.toolkit.cli.lightning_cli import prints_errors
 from project.toolkit.errors import ProjectError
 from tests.integration.test_strategy_runs import REPO, run_project
 from tests.support.fixtures import TINY_RUN
-from tests.support.slurm_cluster import SlurmCluster, slurm_cluster  # noqa: F401 (the fixture)
+from tests.support.slurm_cluster import SlurmCluster, slurm_cluster, two_node_slurm_cluster  # noqa: F401 (fixtures)
 
 SCRIPT = REPO / "scripts" / "slurm" / "train.sbatch"
 
@@ -59,6 +59,7 @@ class SlurmProbe(Callback):
             "global_rank": trainer.global_rank,
             "world_size": trainer.world_size,
             "slurm_procid": os.environ.get("SLURM_PROCID"),
+            "node": os.environ.get("SLURMD_NODENAME"),
         }
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
@@ -153,7 +154,8 @@ def test_the_sbatch_script_trains_with_slurms_ranks_and_ends_as_a_direct_ddp_run
     # Lightning took its ranks from SLURM, each task being one of them; it started no process of its own
     records = [json.loads((tmp_path / "probe" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     slurm = {"environment": "SLURMEnvironment", "started_by": "the cluster", "LOCAL_RANK": None, "world_size": 2}
-    assert records == [{**slurm, "global_rank": r, "slurm_procid": str(r)} for r in (0, 1)]
+    node = slurm_cluster.nodes[0]
+    assert records == [{**slurm, "global_rank": r, "slurm_procid": str(r), "node": node} for r in (0, 1)]
     assert said.count("SLURM auto-requeueing enabled") == 2 and "Traceback" not in said
     assert_same_weights(final_weights(tmp_path, 0), unbroken_ddp_run)
     assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]  # rank 0 alone wrote
@@ -166,6 +168,52 @@ def test_the_sbatch_script_trains_with_slurms_ranks_and_ends_as_a_direct_ddp_run
 PREEMPTIONS = {"scontrol requeue": ["scontrol", "requeue"], "time-limit warning": ["scancel", "--signal=TERM"]}
 
 
+def stop_mid_epoch_and_resume(
+    cluster: SlurmCluster,  # noqa: F811
+    folder: Path,
+    preemption: str,
+    allocation: list[str],
+    extra: tuple[str, ...] = (),
+) -> str:
+    """Run train.sbatch on ``allocation`` (``extra``: more options of the fit); once every process trains in the
+    middle of epoch 1 (steps 9 to 16), the ranks apart (see :class:`Pace`), stop the job by ``preemption``: each
+    process saves last.ckpt and ends, the job comes back and train.sbatch resumes it from that checkpoint. The job's
+    output, once it has ended."""
+    mark = folder / "mid-epoch"
+    args = [*TINY, f"--trainer.default_root_dir={folder}", *pace(mark, step=9), *extra]
+    sbatch_wait = subprocess.Popen(
+        ["sbatch", "--wait", *allocation, f"--output={folder}/slurm-%j.out", f"--chdir={folder}", str(SCRIPT)] + args,
+        env={**cluster.env, **ONE_THREAD},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: mark.exists() and mark.read_text() or sbatch_wait.poll() is not None, 180, "step 9")
+        assert sbatch_wait.poll() is None, f"{sbatch_wait.communicate()[0]}\n{job_output(folder)[-4000:]}"
+        job = mark.read_text()
+        cluster.run(*PREEMPTIONS[preemption], job)
+        # SLURM holds a requeued job back for 2 minutes, time for the stopped one to end; let it go once that has
+        # ended, and a second has passed: the new start's credential must be dated after the old one's revocation.
+        wait_for(lambda: cluster.job_state(job) == "PENDING", 60, f"job {job} to be requeued", interval=0.5)
+        wait_for(lambda: not cluster.processes(job), 60, f"the processes of job {job} to end", interval=0.2)
+        time.sleep(1.5)
+        cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+        out, _ = sbatch_wait.communicate(timeout=300)
+    finally:
+        if sbatch_wait.poll() is None:
+            sbatch_wait.kill()
+            sbatch_wait.communicate()
+    said = job_output(folder, job)
+    assert sbatch_wait.returncode == 0, f"{out}\n{said[-6000:]}"
+    stopped = torch.load(folder / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=False)
+    assert stopped["epoch"] == 1 and 9 <= stopped["global_step"] < STEPS, "not saved in the middle of epoch 1"
+    assert f"Stopped by SIGTERM at epoch 1, step {stopped['global_step']}; saved" in said
+    assert "requeued (restart 1): resuming from the newest last.ckpt" in said
+    assert "version_0/checkpoints/last.ckpt" in said.split("requeued (restart 1)")[1]  # what it resumed from
+    return said
+
+
 @pytest.mark.slurm
 @pytest.mark.parametrize("preemption", list(PREEMPTIONS))
 def test_a_job_stopped_mid_epoch_is_requeued_resumes_and_ends_as_an_unbroken_run(
@@ -174,41 +222,24 @@ def test_a_job_stopped_mid_epoch_is_requeued_resumes_and_ends_as_an_unbroken_run
     tmp_path: Path,
     preemption: str,
 ) -> None:
-    """Every process gets SIGTERM in the middle of epoch 1 (steps 9 to 16), the ranks apart (see :class:`Pace`), saves
-    last.ckpt and ends; the job comes back and train.sbatch resumes it from that checkpoint."""
-    mark = tmp_path / "mid-epoch"
-    args = [*TINY, f"--trainer.default_root_dir={tmp_path}", *pace(mark, step=9)]
-    sbatch_wait = subprocess.Popen(
-        ["sbatch", "--wait", *ALLOCATION, f"--output={tmp_path}/slurm-%j.out", f"--chdir={tmp_path}", str(SCRIPT)]
-        + args,
-        env={**slurm_cluster.env, **ONE_THREAD},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        wait_for(lambda: mark.exists() and mark.read_text() or sbatch_wait.poll() is not None, 180, "step 9")
-        assert sbatch_wait.poll() is None, f"{sbatch_wait.communicate()[0]}\n{job_output(tmp_path)[-4000:]}"
-        job = mark.read_text()
-        slurm_cluster.run(*PREEMPTIONS[preemption], job)
-        # SLURM holds a requeued job back for 2 minutes, time for the stopped one to end; let it go once that has
-        # ended, and a second has passed: the new start's credential must be dated after the old one's revocation.
-        wait_for(lambda: slurm_cluster.job_state(job) == "PENDING", 60, f"job {job} to be requeued", interval=0.5)
-        wait_for(lambda: not slurm_cluster.processes(job), 60, f"the processes of job {job} to end", interval=0.2)
-        time.sleep(1.5)
-        slurm_cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
-        out, _ = sbatch_wait.communicate(timeout=300)
-    finally:
-        if sbatch_wait.poll() is None:
-            sbatch_wait.kill()
-            sbatch_wait.communicate()
-    said = job_output(tmp_path, job)
-    assert sbatch_wait.returncode == 0, f"{out}\n{said[-6000:]}"
-    stopped = torch.load(tmp_path / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=False)
-    assert stopped["epoch"] == 1 and 9 <= stopped["global_step"] < STEPS, "not saved in the middle of epoch 1"
-    assert f"Stopped by SIGTERM at epoch 1, step {stopped['global_step']}; saved" in said
-    assert "requeued (restart 1): resuming from the newest last.ckpt" in said
-    assert "version_0/checkpoints/last.ckpt" in said.split("requeued (restart 1)")[1]  # what it resumed from
+    stop_mid_epoch_and_resume(slurm_cluster, tmp_path, preemption, ALLOCATION)
+    assert_same_weights(final_weights(tmp_path, 1), unbroken_ddp_run)
+
+
+@pytest.mark.slurm
+@pytest.mark.multinode
+def test_a_two_node_job_requeued_mid_epoch_resumes_on_both_nodes_as_an_unbroken_run(
+    two_node_slurm_cluster: SlurmCluster,  # noqa: F811
+    unbroken_ddp_run: dict,
+    tmp_path: Path,
+) -> None:
+    """sbatch -N 2, one task a node, each node a machine with its own address: the ranks meet at node 0's address
+    (Lightning resolves it from SLURM's node list), are requeued together, and resume on both nodes."""
+    probe = [f"--trainer.callbacks+={__name__}.SlurmProbe", f"--trainer.callbacks.out={tmp_path / 'probe'}"]
+    allocation = ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1"]
+    stop_mid_epoch_and_resume(two_node_slurm_cluster, tmp_path, "scontrol requeue", allocation, tuple(probe))
+    records = [json.loads((tmp_path / "probe" / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [record["node"] for record in records] == two_node_slurm_cluster.nodes
     assert_same_weights(final_weights(tmp_path, 1), unbroken_ddp_run)
 
 

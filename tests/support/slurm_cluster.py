@@ -1,11 +1,13 @@
-"""A real SLURM cluster of one node on this machine, for the tests marked ``slurm`` (tests/integration/test_slurm.py).
+"""A real SLURM cluster on this machine, for the tests marked ``slurm`` (tests/integration/test_slurm.py): one node,
+or one node per "machine" of tests/support/machines.py (a slurmd in each network namespace, at its own address).
 
 :func:`start_cluster` writes a munge key and a ``slurm.conf`` into a folder of its own, starts ``munged``,
 ``slurmctld`` and ``slurmd`` in the foreground of processes it holds (so stopping them is certain), and waits
 until ``sinfo`` shows the node idle. Every command is pointed at that config by ``SLURM_CONF`` (see
 :attr:`SlurmCluster.env`); nothing under /etc is read or written. The :func:`slurm_cluster` fixture (session
-scope) starts it once and stops every daemon at the end; where SLURM is not installed, or cannot be started
-here, it skips the tests that use it with one line saying why. ``make test-slurm`` installs SLURM first.
+scope) starts it once and stops every daemon at the end, :func:`two_node_slurm_cluster` the same on two machines;
+where SLURM is not installed, or cannot be started here, they skip the tests that use them with one line saying why.
+``make test-slurm`` installs SLURM first.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.machines import Machines, machines_or_skip
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 COMMANDS = ("sbatch", "srun", "sinfo", "squeue", "scontrol", "scancel")
 
@@ -35,12 +39,12 @@ class ClusterUnavailable(Exception):
 
 @dataclass
 class SlurmCluster:
-    """A running one-node cluster: its folder, config, node name, the environment its commands need (this
-    process's, plus ``SLURM_CONF``) and the daemons' processes."""
+    """A running cluster: its folder, config, node names, the environment its commands need (this process's, plus
+    ``SLURM_CONF``) and the daemons' processes (``slurmd-<node>`` for each node's)."""
 
     root: Path
     conf: Path
-    node: str
+    nodes: list[str]
     cpus: int
     daemons: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -71,9 +75,10 @@ class SlurmCluster:
         fields = dict(word.split("=", 1) for word in result.stdout.split() if "=" in word)
         return fields.get("JobState", "")
 
-    def node_state(self) -> str:
-        result = self.run("sinfo", "--noheader", "--nodes", self.node, "--format=%T", check=False)
-        return result.stdout.strip()
+    def node_state(self, *nodes: str) -> str:
+        """The state of ``nodes`` (all by default): ``idle`` when every one is; several (``idle,down*``) otherwise."""
+        result = self.run("sinfo", "--noheader", "--nodes", ",".join(nodes or self.nodes), "--format=%T", check=False)
+        return ",".join(sorted(set(result.stdout.split())))
 
     def log(self, daemon: str) -> str:
         path = self.root / f"{daemon}.log"
@@ -106,7 +111,7 @@ class SlurmCluster:
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and self.run("squeue", "--noheader", check=False).stdout.strip():
                 time.sleep(0.5)
-        for name in reversed(DAEMONS):  # slurmd first: it ends the jobs' processes it started
+        for name in reversed(list(self.daemons)):  # the slurmds first: they end the jobs' processes they started
             process = self.daemons.pop(name, None)
             if process is None or process.poll() is not None:
                 continue
@@ -152,9 +157,10 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def slurm_conf(root: Path, node: str, cpus: int) -> str:
-    """One node (this machine) in one partition; every file the daemons write under ``root``. No cgroups
-    (containers rarely have them): processes are tracked through /proc, tasks are not bound to cores."""
+def slurm_conf(root: Path, nodes: dict[str, str], cpus: int, controller: str = "127.0.0.1") -> str:
+    """``nodes`` (name: address) in one partition, slurmctld at ``controller``; every file the daemons write under
+    ``root``. No cgroups (containers rarely have them): processes are tracked through /proc, tasks are not bound to
+    cores."""
     ctld_port, slurmd_port = free_port(), free_port()
     while slurmd_port == ctld_port:
         slurmd_port = free_port()
@@ -162,7 +168,7 @@ def slurm_conf(root: Path, node: str, cpus: int) -> str:
         [
             "ClusterName=tests",
             f"FirstJobId={first_job_id()}",
-            f"SlurmctldHost={node}(127.0.0.1)",
+            f"SlurmctldHost={socket.gethostname().split('.')[0]}({controller})",
             f"SlurmctldPort={ctld_port}",
             f"SlurmdPort={slurmd_port}",
             "SlurmUser=root",
@@ -171,11 +177,11 @@ def slurm_conf(root: Path, node: str, cpus: int) -> str:
             "CredType=cred/munge",
             f"AuthInfo=socket={root / 'munge.socket'}",
             f"StateSaveLocation={root / 'state'}",
-            f"SlurmdSpoolDir={root / 'spool'}",
+            f"SlurmdSpoolDir={root / 'spool-%n'}",
             f"SlurmctldPidFile={root / 'slurmctld.pid'}",
-            f"SlurmdPidFile={root / 'slurmd.pid'}",
+            f"SlurmdPidFile={root / 'slurmd-%n.pid'}",
             f"SlurmctldLogFile={root / 'slurmctld.log'}",
-            f"SlurmdLogFile={root / 'slurmd.log'}",
+            f"SlurmdLogFile={root / 'slurmd-%n.log'}",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
             "ProctrackType=proctrack/linuxproc",
@@ -198,16 +204,17 @@ def slurm_conf(root: Path, node: str, cpus: int) -> str:
             "SlurmctldTimeout=30",
             "SlurmdTimeout=60",
             "Waittime=0",
-            f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
-            f"PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
+            *(f"NodeName={node} NodeAddr={address} CPUs={cpus} State=UNKNOWN" for node, address in nodes.items()),
+            f"PartitionName=debug Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
             "",
         ]
     )
 
 
-def start_cluster(root: Path, timeout: float = 60) -> SlurmCluster:
-    """Start munged, slurmctld and slurmd with a config under ``root`` and wait for the node to be idle. Raises
-    :class:`ClusterUnavailable` (after stopping whatever it started) where that cannot be done."""
+def start_cluster(root: Path, machines: Machines | None = None, timeout: float = 60) -> SlurmCluster:
+    """Start munged, slurmctld and a slurmd (one on each of ``machines``, named like it; else one for this machine)
+    with a config under ``root``, and wait for the nodes to be idle. Raises :class:`ClusterUnavailable` (after
+    stopping whatever it started) where that cannot be done."""
     missing = missing_programs()
     if missing:
         raise ClusterUnavailable(f"SLURM is not installed here (no {', '.join(missing)}); make test-slurm installs it")
@@ -215,16 +222,20 @@ def start_cluster(root: Path, timeout: float = 60) -> SlurmCluster:
         raise ClusterUnavailable("starting slurmd needs root (it runs the jobs as their users); CI runs as root")
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o700)  # munged refuses a key or socket in a folder others can write to
-    for folder in ("state", "spool"):
-        (root / folder).mkdir(exist_ok=True)
-    node = socket.gethostname().split(".")[0]
+    (root / "state").mkdir(exist_ok=True)
+    if machines is None:
+        nodes, controller = {socket.gethostname().split(".")[0]: "127.0.0.1"}, "127.0.0.1"
+    else:
+        nodes, controller = dict(zip(machines.names, machines.addresses, strict=True)), machines.host_address
+    for node in nodes:
+        (root / f"spool-{node}").mkdir(exist_ok=True)
     cpus = max(1, min(2, os.cpu_count() or 1))
     conf = root / "slurm.conf"
-    conf.write_text(slurm_conf(root, node, cpus))
+    conf.write_text(slurm_conf(root, nodes, cpus, controller))
     key = root / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    cluster = SlurmCluster(root=root, conf=conf, node=node, cpus=cpus)
+    cluster = SlurmCluster(root=root, conf=conf, nodes=list(nodes), cpus=cpus)
     commands = {
         "munged": [
             "munged",
@@ -237,8 +248,10 @@ def start_cluster(root: Path, timeout: float = 60) -> SlurmCluster:
             f"--seed-file={root / 'munged.seed'}",
         ],
         "slurmctld": ["slurmctld", "-D", "-i", "-f", str(conf)],
-        "slurmd": ["slurmd", "-D", "-f", str(conf), "-N", node],
     }
+    for index, node in enumerate(nodes):
+        slurmd = ["slurmd", "-D", "-f", str(conf), "-N", node]
+        commands[f"slurmd-{node}"] = slurmd if machines is None else machines.command(index, slurmd, host_sys=True)
     try:
         for name, command in commands.items():
             with (root / f"{name}.out").open("w") as out:
@@ -249,7 +262,9 @@ def start_cluster(root: Path, timeout: float = 60) -> SlurmCluster:
         deadline = time.monotonic() + timeout
         while (state := cluster.node_state()) != "idle":
             if time.monotonic() > deadline:
-                raise ClusterUnavailable(f"node {node} is {state or 'unknown'}, not idle, after {timeout:.0f} s")
+                raise ClusterUnavailable(
+                    f"nodes {list(nodes)} are {state or 'unknown'}, not idle, after {timeout:.0f} s"
+                )
             time.sleep(0.5)
     except BaseException as error:
         cluster.stop()
@@ -272,7 +287,8 @@ def _wait_for_daemon(cluster: SlurmCluster, name: str, timeout: float) -> None:
             return
         if name == "slurmctld" and cluster.run("scontrol", "ping", check=False).stdout.count("UP"):
             return
-        if name == "slurmd" and cluster.node_state() not in ("", "down*", "unknown", "unknown*"):
+        node_state = cluster.node_state(name.removeprefix("slurmd-")) if name.startswith("slurmd-") else ""
+        if node_state not in ("", "down*", "unknown", "unknown*"):
             return
         if time.monotonic() > deadline:
             raise ClusterUnavailable(f"{name} did not come up within {timeout:.0f} s (see {cluster.root})")
@@ -290,3 +306,17 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def two_node_slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A cluster of two nodes, each a machine of its own (tests/support/machines.py), for the tests of one module."""
+    with machines_or_skip(2) as machines:
+        try:
+            cluster = start_cluster(tmp_path_factory.mktemp("slurm2"), machines)
+        except ClusterUnavailable as reason:
+            pytest.skip(str(reason))
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
