@@ -71,12 +71,12 @@ class ImageFiles:
     def decode(self, path: Path) -> np.ndarray:
         """One file as ``(height, width, channels)`` uint8: grey or colour as asked, its shorter side ``size``. A
         JPEG is decoded at the smallest of 1/2, 1/4 or 1/8 scale (its DCT scaling: Pillow's ``draft``) that keeps
-        both sides at least ``2 * size`` (less work), then resized as any file, to the shape the whole file gives."""
+        both sides at least ``size`` (less work), then resized as any file, to the shape the whole file gives."""
         mode = "L" if self.channels == 1 else "RGB"
         try:
             with Image.open(path) as file:
                 width, height = file.size
-                file.draft(mode, (2 * self.size, 2 * self.size))  # other formats than JPEG ignore it
+                file.draft(mode, (self.size, self.size))  # other formats than JPEG ignore it
                 pixels = np.array(file.convert(mode))
         except (OSError, ValueError) as err:
             reason = "not a readable JPEG or PNG file" if isinstance(err, Image.UnidentifiedImageError) else err
