@@ -215,14 +215,13 @@ def stop_mid_epoch_and_resume(
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("preemption", list(PREEMPTIONS))
-def test_a_job_stopped_mid_epoch_is_requeued_resumes_and_ends_as_an_unbroken_run(
+def test_a_job_warned_of_its_time_limit_mid_epoch_is_requeued_resumes_and_ends_as_an_unbroken_run(
     slurm_cluster: SlurmCluster,  # noqa: F811
     unbroken_ddp_run: dict,
     tmp_path: Path,
-    preemption: str,
 ) -> None:
-    stop_mid_epoch_and_resume(slurm_cluster, tmp_path, preemption, ALLOCATION)
+    """The script requeues the job itself. An ``scontrol requeue``, which SLURM does, is the two-node test's."""
+    stop_mid_epoch_and_resume(slurm_cluster, tmp_path, "time-limit warning", ALLOCATION)
     assert_same_weights(final_weights(tmp_path, 1), unbroken_ddp_run)
 
 
