@@ -134,14 +134,14 @@ class Guards(Callback):
         self._signals = (reader, writer)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._signals is not None:  # before the watcher may close the pipe
+            signal.set_wakeup_fd(-1)
+            self._signals = None
         self._stop.set()
         with self._lock:  # after the watcher's last look, which would beat again
             heartbeats, self._heartbeats = self._heartbeats, None
             if heartbeats is not None:
                 heartbeats.beat(last=True)
-        if self._signals is not None:
-            signal.set_wakeup_fd(-1)
-            self._signals = None  # the watcher closes the pipe
 
     def _watch(self) -> None:
         signals = self._signals
