@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -60,21 +61,26 @@ def errors(log: Path) -> list[str]:
     return [line for line in said.splitlines() if line.startswith("error:")]
 
 
-def wait_for_mark(mark: Path, processes: list, logs: list[Path], timeout: float = 120) -> None:
+def start_and_reach_step(
+    machines: Machines, tiny_args: list[str], root: Path, cwd: Path, timeout: float = 120
+) -> tuple[list[subprocess.Popen], list[Path]]:
+    """The job on both machines, slowed from step 11 on; once rank 0 has reached it, the processes and their logs."""
+    mark = cwd / "at-step-11"
+    slow = [f"--trainer.callbacks+={__name__}.SlowFrom", f"--trainer.callbacks.mark={mark}"]
+    processes, logs = start_on_machines(machines, [*job(tiny_args, root), *slow], cwd)
     deadline = time.monotonic() + timeout
     while not mark.exists():
         if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
             pytest.fail("never reached the step:\n" + "\n".join(log.read_text()[-3000:] for log in logs))
         time.sleep(0.1)
+    return processes, logs
 
 
 def test_a_machine_cut_off_mid_epoch_ends_the_run_on_both_sides_and_it_resumes_exactly(
     two_machines: Machines, tiny_args: list[str], tmp_path: Path
 ) -> None:
-    root, mark = tmp_path / "broken", tmp_path / "at-step-11"
-    slow = [f"--trainer.callbacks+={__name__}.SlowFrom", f"--trainer.callbacks.mark={mark}"]
-    processes, logs = start_on_machines(two_machines, [*job(tiny_args, root), *slow], tmp_path)
-    wait_for_mark(mark, processes, logs)
+    root = tmp_path / "broken"
+    processes, logs = start_and_reach_step(two_machines, tiny_args, root, tmp_path)
     two_machines.cut(1)  # machine 1 is now unreachable, its process still running
     cut = time.monotonic()
     processes[0].send_signal(signal.SIGTERM)  # a preemption notice reaches machine 0 during the partition
@@ -112,10 +118,8 @@ def test_a_machine_cut_off_mid_epoch_ends_the_run_on_both_sides_and_it_resumes_e
 def test_a_machine_whose_process_is_killed_is_named_by_the_other(
     two_machines: Machines, tiny_args: list[str], tmp_path: Path
 ) -> None:
-    root, mark = tmp_path / "run", tmp_path / "at-step-11"
-    slow = [f"--trainer.callbacks+={__name__}.SlowFrom", f"--trainer.callbacks.mark={mark}"]
-    processes, logs = start_on_machines(two_machines, [*job(tiny_args, root), *slow], tmp_path)
-    wait_for_mark(mark, processes, logs)
+    root = tmp_path / "run"
+    processes, logs = start_and_reach_step(two_machines, tiny_args, root, tmp_path)
     processes[0].kill()  # machine 0: rank 0, and with it the run's rendezvous
     killed = time.monotonic()
     codes = wait_for_machines(processes, logs, timeout=LOST_AFTER)

@@ -295,11 +295,11 @@ def _wait_for_daemon(cluster: SlurmCluster, name: str, timeout: float) -> None:
         time.sleep(0.3)
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """The one-node cluster, started once for the session and stopped at its end; skips where it cannot be."""
+@contextlib.contextmanager
+def cluster_or_skip(root: Path, machines: Machines | None = None) -> Iterator[SlurmCluster]:
+    """:func:`start_cluster`, stopped at the end; a skip with the reason where it cannot be started."""
     try:
-        cluster = start_cluster(tmp_path_factory.mktemp("slurm"))
+        cluster = start_cluster(root, machines)
     except ClusterUnavailable as reason:
         pytest.skip(str(reason))
     try:
@@ -308,15 +308,15 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         cluster.stop()
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """The one-node cluster, started once for the session and stopped at its end; skips where it cannot be."""
+    with cluster_or_skip(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
 @pytest.fixture(scope="module")
 def two_node_slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A cluster of two nodes, each a machine of its own (tests/support/machines.py), for the tests of one module."""
-    with machines_or_skip(2) as machines:
-        try:
-            cluster = start_cluster(tmp_path_factory.mktemp("slurm2"), machines)
-        except ClusterUnavailable as reason:
-            pytest.skip(str(reason))
-        try:
-            yield cluster
-        finally:
-            cluster.stop()
+    with machines_or_skip(2) as machines, cluster_or_skip(tmp_path_factory.mktemp("slurm2"), machines) as cluster:
+        yield cluster
