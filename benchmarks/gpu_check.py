@@ -4,8 +4,9 @@ you have, in minutes.
 The template's tests run on CPUs; what only a GPU exercises -- mixed precision, cuDNN, ``torch.compile`` with
 Triton, data kept on the device, NCCL process groups, DeepSpeed, CUDA-event timing -- is checked here, each
 path as a real ``python -m project ...`` in a fresh process, on synthetic data (112 px, a few batches per
-epoch, 2 epochs), in a temporary folder as ``--trainer.default_root_dir``. A path passes when its commands
-exit as they should and leave what they should (``timing.json``, the checkpoint, ``predictions.csv``):
+epoch, 2 epochs) or a generated folder of JPEGs, in a temporary folder as ``--trainer.default_root_dir``. A path
+passes when its commands exit as they should and leave what they should (``timing.json``, the checkpoint,
+``predictions.csv``, an evaluation's tables, the exported file):
 
 - ``single-fp32``, ``bf16-mixed``, ``channels-last-off``, ``compile``, ``on-device``: one device, fit;
 - ``ddp-1``, ``fsdp-1``, ``dp-1``: the strategies on one device (``dp`` must say it runs as a single device);
@@ -13,6 +14,11 @@ exit as they should and leave what they should (``timing.json``, the checkpoint,
   (skipped, not failed, without the deepspeed package);
 - ``test-last``, ``predict-last``, ``resume``: after ``single-fp32``, in its folder (``resume``:
   ``fit --ckpt_path=last --trainer.max_epochs=3`` goes on from the end of epoch 2);
+- ``ema``: fit with an average of the weights, then test on it;
+- ``mixup-cutmix``: batches mixed on the device, then in DataLoader workers;
+- ``augmentation``: ``random_resized_crop``, then a user's transform (RandAugment), each image on the device;
+- ``folder``: a generated folder of JPEGs (decoded at reduced scale in workers, precise BN, confusion matrices):
+  fit, test, predict and ``export --format=pt2`` of its checkpoint;
 - ``nan-guard``: ``--model.lr=1e30`` must stop at the first non-finite loss, exit non-zero, and say so.
 
 What the timing callback costs is measured side by side in one process by ``python -m benchmarks.timing_cost``.
@@ -31,166 +37,20 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from benchmarks.gpu_check_paths import CHECK_BATCHES, ROOT, CheckPath, check_paths, write_folder
 from benchmarks.gpu_check_report import write_report
-from benchmarks.gpu_common import (
-    REPO,
-    last_lines,
-    newest_run,
-    newest_timing,
-    no_gpu_line,
-    run_logged,
-    slug,
-)
+from benchmarks.gpu_common import REPO, last_lines, newest_timing, no_gpu_line, run_logged, slug
 from project.tools.bench.matrix import end_all_sessions, ending_sessions_on_sigterm, project_command
 
 __all__ = ["REPO", "main", "no_gpu_line", "run_all", "run_path", "select", "write_report"]
 
 RESULTS = REPO / "benchmarks" / "results"
-CHECK_BATCHES = 10  # training batches per epoch of a check: enough for every hook, a few seconds on any GPU
 CHECK_BATCH_SIZE = 128
-DP_SINGLE = "DataParallel needs 2 or more to split a batch, so this runs as a single-device run"
-RESTORED = "Restoring states from the checkpoint path"  # Lightning's line when it resumes
-NAN_STOP = "training loss is"  # the Guards callback's one line for a non-finite loss
-
-# A check: given the path's folder and the command's output, what is wrong (None: nothing).
-Check = Callable[[Path, str], str | None]
-
-
-# --------------------------------------------------------------------------- what a run left
-
-
-def wrote_timing(key: str) -> Check:
-    def check(root: Path, output: str) -> str | None:
-        run = newest_run(root)
-        if run is None or not (run / "timing.json").is_file():
-            return f"no timing.json in {run or root / 'lightning_logs'}"
-        return None if newest_timing(root).get(key) is not None else f"{run / 'timing.json'} has no {key!r}"
-
-    return check
-
-
-def wrote_checkpoint(root: Path, output: str) -> str | None:
-    """``last.ckpt`` of some run: a file, or a folder under DeepSpeed."""
-    found = list((root / "lightning_logs").glob("version_*/checkpoints/last.ckpt"))
-    return None if found else f"no lightning_logs/version_*/checkpoints/last.ckpt under {root}"
-
-
-def wrote_predictions(root: Path, output: str) -> str | None:
-    run = newest_run(root)
-    path = run / "predictions.csv" if run is not None else root / "lightning_logs"
-    return None if path.is_file() and len(path.read_text().splitlines()) > 1 else f"no predictions in {path}"
-
-
-def printed(text: str) -> Check:
-    def check(root: Path, output: str) -> str | None:
-        return None if text in output else f"its output does not say {text!r}"
-
-    return check
-
-
-def resumed_to_step(step: int) -> Check:
-    """The newest run's ``last.ckpt`` is at ``step``: training went on from the checkpoint to the new end."""
-
-    def check(root: Path, output: str) -> str | None:
-        run = newest_run(root)
-        path = run / "checkpoints" / "last.ckpt" if run is not None else None
-        if path is None or not path.is_file():
-            return f"the resumed run wrote no last.ckpt ({path})"
-        reached = torch.load(path, map_location="cpu", weights_only=True).get("global_step")
-        return None if reached == step else f"{path} is at step {reached}, not {step}"
-
-    return check
-
-
-# --------------------------------------------------------------------------- the paths
-
-
-@dataclass(frozen=True)
-class Step:
-    """One ``python -m project <subcommand>`` of a path, with the options it adds to the common ones."""
-
-    subcommand: str
-    args: tuple[str, ...] = ()
-    succeeds: bool = True  # False: the command must exit non-zero (a refusal is the check)
-    checks: tuple[Check, ...] = ()
-
-
-@dataclass(frozen=True)
-class CheckPath:
-    """A path through the template on a GPU. ``after``: the path whose folder (and runs) it continues."""
-
-    name: str
-    what: str
-    steps: tuple[Step, ...]
-    after: str | None = None
-    needs_deepspeed: bool = False
-
-
-def _fit(*args: str, checks: tuple[Check, ...] = ()) -> Step:
-    return Step("fit", args, checks=(wrote_checkpoint, wrote_timing("fit_seconds"), *checks))
-
-
-def check_paths(batches: int = CHECK_BATCHES) -> list[CheckPath]:
-    """Every path, in the order they run (a path's ``after`` comes before it)."""
-    single = "--trainer.precision=32-true"
-    return [
-        CheckPath("single-fp32", "one device, 32-true (convolutions in TF32)", (_fit(single),)),
-        CheckPath("bf16-mixed", "one device, bf16 autocast", (_fit("--trainer.precision=bf16-mixed"),)),
-        CheckPath("channels-last-off", "NCHW activations", (_fit("--model.channels_last=false"),)),
-        CheckPath("compile", "torch.compile (inductor, Triton kernels)", (_fit("--model.compile=true"),)),
-        CheckPath("on-device", "data set on the GPU, augmented there", (_fit("--data.on_device=true"),)),
-        # The default (on_device=auto) keeps a CIFAR-sized set on the GPU: the DataLoader path needs its own run.
-        CheckPath("loader", "DataLoader workers feeding the GPU, pinned memory", (_fit("--data.on_device=false"),)),
-        CheckPath("ddp-1", "DDP on 1 GPU (NCCL)", (_fit("--trainer.strategy=ddp"),)),
-        CheckPath("fsdp-1", "FSDP2 on 1 GPU", (_fit("--trainer.strategy=fsdp"),)),
-        CheckPath("dp-1", "DataParallel on 1 GPU", (_fit("--trainer.strategy=dp", checks=(printed(DP_SINGLE),)),)),
-        CheckPath(
-            "deepspeed-stage-2",
-            "DeepSpeed ZeRO-2 on 1 GPU, then test from its checkpoint folder on a single device",
-            (
-                _fit("--trainer.strategy=deepspeed_stage_2"),
-                Step("test", ("--ckpt_path=last",), checks=(wrote_timing("test_samples_per_second"),)),
-            ),
-            needs_deepspeed=True,
-        ),
-        CheckPath(
-            "test-last",
-            "test --ckpt_path=last after single-fp32",
-            (Step("test", ("--ckpt_path=last",), checks=(wrote_timing("test_samples_per_second"),)),),
-            after="single-fp32",
-        ),
-        CheckPath(
-            "predict-last",
-            "predict --ckpt_path=last after single-fp32",
-            (Step("predict", ("--ckpt_path=last",), checks=(wrote_predictions,)),),
-            after="single-fp32",
-        ),
-        CheckPath(
-            "resume",
-            "fit --ckpt_path=last --trainer.max_epochs=3 after single-fp32: goes on to epoch 3",
-            (
-                Step(
-                    "fit",
-                    ("--ckpt_path=last", "--trainer.max_epochs=3", single),
-                    checks=(printed(RESTORED), resumed_to_step(3 * batches)),
-                ),
-            ),
-            after="single-fp32",
-        ),
-        CheckPath(
-            "nan-guard",
-            "--model.lr=1e30: stops at the first non-finite loss, exit non-zero",
-            (Step("fit", ("--model.lr=1e30", single), succeeds=False, checks=(printed(NAN_STOP),)),),
-        ),
-    ]
 
 
 def path_names() -> list[str]:
@@ -212,8 +72,7 @@ def select(names: Sequence[str] | None) -> list[str]:
 
 
 def common_args(root: Path, batches: int = CHECK_BATCHES, batch_size: int = CHECK_BATCH_SIZE) -> list[str]:
-    """The options every command of a path shares: one GPU, synthetic data, 112 px, 2 short epochs."""
-    train_images = max(4096, batches * batch_size)
+    """The trainer's options every command of a path shares: one GPU, 2 short epochs, the path's folder."""
     return [
         "--trainer.accelerator=gpu",
         "--trainer.devices=1",
@@ -225,8 +84,17 @@ def common_args(root: Path, batches: int = CHECK_BATCHES, batch_size: int = CHEC
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
         f"--trainer.default_root_dir={root}",
+    ]
+
+
+def data_args(data: str, root: Path, batches: int = CHECK_BATCHES, batch_size: int = CHECK_BATCH_SIZE) -> list[str]:
+    """The data's options: synthetic images of CIFAR-10's kind at 112 px, or the generated folder of JPEGs in
+    ``root`` (its batch size the folder module's own choice)."""
+    if data == "folder":
+        return ["--data=project.data.ImageFolderDataModule", f"--data.data_dir={write_folder(root)}"]
+    return [
         "--data.synthetic=true",
-        f"--data.synthetic_size={train_images}",
+        f"--data.synthetic_size={max(4096, batches * batch_size)}",
         "--data.val_size=1024",
         "--data.image_size=112",
         f"--data.batch_size={batch_size}",
@@ -259,7 +127,9 @@ def run_path(path: CheckPath, root: Path, timeout_s: float) -> dict[str, Any]:
         }
     start = time.perf_counter()
     for index, step in enumerate(path.steps):
-        command = project_command(step.subcommand, [*common_args(root), *step.args])
+        own = [arg.replace(ROOT, str(root)) for arg in step.args]
+        shared = [*common_args(root), *data_args(path.data, root)] if step.shared else []
+        command = project_command(step.subcommand, [*shared, *own])
         result["commands"].append(shlex.join(command))
         code, output, _ = run_logged(command, root / f"{path.name}-{index}-{step.subcommand}.log", timeout_s)
         if code is None:
@@ -279,7 +149,7 @@ def run_path(path: CheckPath, root: Path, timeout_s: float) -> dict[str, Any]:
                 "error_lines": last_lines(output),
                 "seconds": time.perf_counter() - start,
             }
-        if step.succeeds:
+        if step.succeeds and step.shared:
             result["figures"].update(figures(newest_timing(root)))
     return {**result, "status": "pass", "reason": None, "seconds": time.perf_counter() - start}
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 import benchmarks.gpu_check as gpu_check
+import benchmarks.gpu_check_paths as gpu_check_paths
 from benchmarks.gpu_check import REPO, main, no_gpu_line, run_all, run_path, select, write_report
 
 NO_GPU = re.compile(r"gpu-check: no CUDA GPU here \(torch \S+, CUDA build: (yes|no)\); nothing to check")
@@ -144,6 +146,17 @@ def test_a_timeout_fails(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Non
     assert run_path(path("compile"), tmp_path, timeout_s=600)["reason"] == "fit: timed out after 10 min"
 
 
+def test_an_evaluation_table_or_an_export_that_is_missing_fails(tmp_path: Path) -> None:
+    run = tmp_path / "lightning_logs" / "version_3"
+    run.mkdir(parents=True)
+    table, exported = gpu_check_paths.wrote_in_run("confusion_val.csv"), gpu_check_paths.wrote_file("model.pt2")
+    assert table(tmp_path, "") == f"no confusion_val.csv in {run}"
+    assert exported(tmp_path, "") == f"no {tmp_path / 'model.pt2'}"
+    (run / "confusion_val.csv").write_text("true \\ predicted,a,b\n")
+    (tmp_path / "model.pt2").write_bytes(b"PK")
+    assert table(tmp_path, "") is None and exported(tmp_path, "") is None
+
+
 def test_deepspeed_is_skipped_without_its_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: None)
     commands = fake_runs(monkeypatch, [])
@@ -240,24 +253,43 @@ def test_a_report_without_failures(tmp_path: Path) -> None:
 def test_the_checks_hold_for_real_runs_on_the_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The single-device paths' commands, as the GPU check runs them but on the CPU at 32 px: the files and
     lines its checks look for are those the template writes (timing.json keys, last.ckpt, predictions.csv,
-    Lightning's restore line and the resumed step, DataParallel's single-device line, the NaN guard's line)."""
-    common = gpu_check.common_args
+    Lightning's restore line and the resumed step, DataParallel's single-device line, the NaN guard's line, the
+    evaluation's tables, the exported file), and the options of this round's paths (EMA, MixUp/CutMix on both
+    input paths, the augmentations, a folder of JPEGs) are the template's."""
+    common, data = gpu_check.common_args, gpu_check.data_args
 
     def on_the_cpu(root: Path, batches: int = 4, batch_size: int = 16) -> list[str]:
-        args = [a for a in common(root, batches, batch_size) if not a.startswith(("--data.", "--trainer.accel"))]
-        return [*args, "--trainer.accelerator=cpu", "--data.synthetic=true", "--data.synthetic_size=128"] + [
-            "--data.val_size=32",
-            "--data.image_size=32",
+        return [*(a for a in common(root, batches, batch_size) if "accelerator" not in a), "--trainer.accelerator=cpu"]
+
+    def small_data(kind: str, root: Path, batches: int = 4, batch_size: int = 16) -> list[str]:
+        if kind == "folder":
+            return [*data(kind, root), "--data.image_size=32", "--data.num_workers=1"]
+        return ["--data.synthetic=true", "--data.synthetic_size=128", "--data.val_size=32", "--data.image_size=32"] + [
             f"--data.batch_size={batch_size}",
             "--data.num_workers=0",
         ]
 
     monkeypatch.setattr(gpu_check, "common_args", on_the_cpu)
+    monkeypatch.setattr(gpu_check, "data_args", small_data)
     paths = gpu_check.check_paths(batches=4)
     monkeypatch.setattr(gpu_check, "check_paths", lambda batches=4: paths)
     args = argparse.Namespace(timeout_minutes=5.0, jobs=2)
-    results = run_all(["single-fp32", "test-last", "predict-last", "resume", "nan-guard", "dp-1"], tmp_path, args)
+    names = ["single-fp32", "test-last", "predict-last", "resume", "nan-guard", "dp-1", "ema", "mixup-cutmix"]
+    results = run_all([*names, "augmentation", "folder"], tmp_path, args)
     assert {r["name"]: (r["status"], r["reason"]) for r in results} == {r["name"]: ("pass", None) for r in results}, [
         r.get("error_lines") for r in results
     ]
     assert results[0]["figures"]["train_samples_per_second"] > 0
+    exported = torch.export.load(tmp_path / "folder" / "model.pt2")
+    logits = exported.module()(torch.randint(0, 256, (2, 3, 40, 56), dtype=torch.uint8))
+    assert logits.shape == (2, 2)
+
+
+def test_the_folder_is_photos_of_two_kinds_written_once(tmp_path: Path) -> None:
+    folder = gpu_check.write_folder(tmp_path)
+    files = sorted(folder.rglob("*.jpg"))
+    assert len(files) == 2 * sum(gpu_check_paths.FOLDER_SPLITS.values())
+    with Image.open(files[0]) as first:
+        assert first.format == "JPEG" and first.size == gpu_check_paths.FOLDER_SHAPES[0]
+    stamp = files[0].stat().st_mtime_ns
+    assert gpu_check.write_folder(tmp_path) == folder and files[0].stat().st_mtime_ns == stamp
