@@ -8,7 +8,9 @@ loop (:mod:`benchmarks.plain`), each for 3 epochs of :data:`STEPS` steps of 256 
 figure is a side's images/s over its last two epochs, so the ratios are of the same device in the same minute. The
 template goes first: its first epoch takes the process's one-off costs (cuDNN's autotuning, the compilation),
 which no figure counts. In order: MobileNetV2 fp32 eager, bf16 CUDA graphs, bf16 eager; ResNet50 bf16 eager and
-CUDA graphs; then, if time is left, MobileNetV2 bf16 compiled (``default``). A mode whose estimate would end
+CUDA graphs; the folder path's input rate (:mod:`benchmarks.folder_input`: generated JPEGs decoded by one
+DataLoader worker a core, beside the template's fastest training speed); then, if time is left, MobileNetV2 bf16
+compiled (``default``). A mode whose estimate would end
 after the deadline is skipped, a running one stopped at it or at twice its estimate (the sides it finished are
 kept).
 """
@@ -40,6 +42,7 @@ PROFILE = "project.toolkit.timing.step_profile.StepProfile"  # its default windo
 TEMPLATE_OPTIONS = ["--trainer.enable_progress_bar=false", f"--trainer.callbacks+={PROFILE}"]
 ENVIRONMENT_S = 5  # nvidia-smi, lscpu, the versions
 OVERRUN = 2.0  # a session is stopped at this many times its estimate, or at the deadline if sooner
+FOLDER_INPUT_S = 30  # benchmarks.folder_input: 64 photos generated on 16 cores, 3 epochs of 1,024 files
 
 # The last lease's real times (one H200, 2026-11-27, issue 43), each in one call on one machine: a template fit of
 # 2 epochs of 45,000 training and 5,000 validation images took FIT_S seconds at TEMPLATE_IPS steady images/s;
@@ -122,6 +125,8 @@ def plan_lines(modes: list[Mode], deadline_s: float = DEADLINE_S, steps: int = S
     lines = [f"{ENVIRONMENT_S:>5} s  environment: nvidia-smi, lscpu, versions"]
     lines += [f"{s:>5} s  {m.name}" for m, s in zip(modes, seconds, strict=True) if not m.if_time_left]
     total = ENVIRONMENT_S + sum(s for m, s in zip(modes, seconds, strict=True) if not m.if_time_left)
+    lines.append(f"{FOLDER_INPUT_S:>5} s  folder input: JPEGs decoded by one DataLoader worker a core (CPU only)")
+    total += FOLDER_INPUT_S
     lines.append(f"{total:>5} s  in all (deadline {deadline_s:.0f} s); then, if time is left:")
     lines += [f"{s:>5} s  {m.name}" for m, s in zip(modes, seconds, strict=True) if m.if_time_left]
     each = f"each: template, Lightning's bare loop, plain loop in one process, {EPOCHS} epochs of {steps} steps"
@@ -211,11 +216,36 @@ def summary_line(record: dict[str, Any]) -> str:
     return "; ".join([head, f"images/s {speeds or 'none'}", *said])
 
 
-def write_runs(path: Path, environment: dict[str, Any], runs: list[dict[str, Any]], command: str) -> None:
-    """``runs.json``: the command, the environment and the pairs so far (rewritten whole after each)."""
+def loader_line(record: dict[str, Any]) -> str:
+    """The folder path's images/s beside the template's fastest training speed of the call.
+
+    >>> loader_line({"images_per_second": 2400.0, "workers": 16, "template_fastest_images_per_second": 12000.0})
+    "images/s 2400 with 16 workers, 0.20 of the template's fastest training (12000)"
+    >>> loader_line({})
+    'no figure'
+    """
+    if not record.get("images_per_second"):
+        return "no figure"
+    line = f"images/s {record['images_per_second']:.0f} with {record['workers']} workers"
+    fastest = record.get("template_fastest_images_per_second")
+    if fastest:
+        line += f", {record['images_per_second'] / fastest:.2f} of the template's fastest training ({fastest:.0f})"
+    return line
+
+
+def write_runs(
+    path: Path,
+    environment: dict[str, Any],
+    runs: list[dict[str, Any]],
+    command: str,
+    folder_input: dict[str, Any] | None = None,
+) -> None:
+    """``runs.json``: the command, the environment, the pairs so far (rewritten whole after each) and the folder
+    path's input rate."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps({"command": command, "environment": environment, "runs": runs}, indent=2) + "\n")
+    record = {"command": command, "environment": environment, "runs": runs, "folder_input": folder_input}
+    temporary.write_text(json.dumps(record, indent=2) + "\n")
     os.replace(temporary, path)
 
 
@@ -241,6 +271,20 @@ def environment_record(out: Path) -> dict[str, Any]:
     return run_environment()
 
 
+def folder_input(work: Path, out: Path, timeout_s: float, fastest: float | None) -> dict[str, Any]:
+    """``python -m benchmarks.folder_input`` in a process of its own: its figures (or its error), with the
+    template's fastest images/s so far beside them."""
+    figures = work / "folder-input.json"
+    command = [sys.executable, "-m", "benchmarks.folder_input", "--out", str(figures)]
+    code, output, seconds = gpu_common.run_logged(command, work / "folder-input.log", timeout_s)
+    with open(out / "gpu-run.log", "a") as joined:
+        joined.write(f"===== folder input: exit {code}, {seconds:.0f} s\n{output}\n")
+    record: dict[str, Any] = json.loads(figures.read_text()) if code == 0 and figures.is_file() else {}
+    record.update(status=status(code, {}), seconds=round(seconds, 1), template_fastest_images_per_second=fastest)
+    record["ratio_to_template"] = ratio(record.get("images_per_second"), fastest)
+    return record
+
+
 def run_all(
     modes: list[Mode], out: Path, work: Path, deadline_s: float, command: str, steps: int = STEPS
 ) -> list[dict[str, Any]]:
@@ -252,8 +296,13 @@ def run_all(
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(work / "inductor-cache"))
     records: list[dict[str, Any]] = []
+    loader: dict[str, Any] | None = None
     for index, (mode, estimate) in enumerate(zip(modes, estimates(modes, steps), strict=True)):
         left = deadline_s - (time.monotonic() - start)
+        if loader is None and mode.if_time_left:  # after the modes that always run
+            loader = run_folder_input(records, work, out, left)
+            write_runs(out / "runs.json", environment, records, command, loader)
+            left = deadline_s - (time.monotonic() - start)
         if estimate > left:
             print(f"gpu_run: {mode.name}: skipped, {left:.0f} s left for an estimated {estimate} s", flush=True)
             continue
@@ -267,8 +316,22 @@ def run_all(
         record.update(status=status(code, record["errors"]), seconds=round(seconds, 1), estimate_s=estimate)
         records.append(record)
         print(f"gpu_run: {summary_line(record)}", flush=True)
-        write_runs(out / "runs.json", environment, records, command)
+        write_runs(out / "runs.json", environment, records, command, loader)
+    if loader is None:
+        loader = run_folder_input(records, work, out, deadline_s - (time.monotonic() - start))
+        write_runs(out / "runs.json", environment, records, command, loader)
     return records
+
+
+def run_folder_input(records: list[dict[str, Any]], work: Path, out: Path, left: float) -> dict[str, Any]:
+    """The folder input's record where its estimate fits in the ``left`` seconds; else why it was skipped."""
+    if FOLDER_INPUT_S > left:
+        print(f"gpu_run: folder input: skipped, {left:.0f} s left for an estimated {FOLDER_INPUT_S} s", flush=True)
+        return {"status": "skipped", "reason": f"{left:.0f} s left for an estimated {FOLDER_INPUT_S} s"}
+    fastest = max((r["images_per_second"]["template"] or 0 for r in records), default=0) or None
+    record = folder_input(work, out, min(left, OVERRUN * FOLDER_INPUT_S), fastest)
+    print(f"gpu_run: folder input: {record['status']}; {loader_line(record)}", flush=True)
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks import gpu_common, gpu_runs
+from benchmarks import folder_input, gpu_common, gpu_runs
 from benchmarks._common import Setup
 from benchmarks.gpu_runs import MODES, Mode
 
@@ -45,10 +45,11 @@ def test_the_plan_reaches_the_five_modes_in_order_within_420_s(capsys: pytest.Ca
     assert gpu_runs.main(["--plan"]) == 0
     lines = capsys.readouterr().out.splitlines()
     steps, total = plan_steps(lines)
-    assert total <= 420 and "deadline 420 s" in lines[len(REQUIRED) + 1]
+    assert total <= 420 and "deadline 420 s" in lines[len(REQUIRED) + 2]
     assert [name for _, name in steps[1 : len(REQUIRED) + 1]] == REQUIRED
+    assert steps[len(REQUIRED) + 1][1].startswith("folder input: JPEGs decoded by one DataLoader worker a core")
     assert steps[-1][1] == "mobilenet_v2 bf16 compiled" and MODES[-1].if_time_left  # only if time is left
-    assert total == sum(s for s, _ in steps[: len(REQUIRED) + 1])
+    assert total == sum(s for s, _ in steps[: len(REQUIRED) + 2])
 
 
 def test_the_estimates_come_from_the_lease() -> None:
@@ -130,6 +131,7 @@ def test_a_side_that_failed_or_did_not_run_leaves_its_ratio_empty() -> None:
 
 
 timeouts: list[float] = []  # each stand-in session's time limit
+folder_inputs: list[float] = []  # each stand-in folder input's time limit
 
 
 def stand_in(monkeypatch: pytest.MonkeyPatch, codes: list[int | None]) -> list[list[str]]:
@@ -137,8 +139,13 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, codes: list[int | None]) -> list[l
     the template's side only) and the template's step profile where a real session leaves them."""
     commands: list[list[str]] = []
     timeouts.clear()
+    folder_inputs.clear()
 
     def run_logged(command: list[str], log: Path, timeout_s: float) -> tuple[int | None, str, float]:
+        if command[1:3] == ["-m", "benchmarks.folder_input"]:
+            folder_inputs.append(timeout_s)
+            Path(command[-1]).write_text(json.dumps({"images_per_second": 2_250.0, "workers": 16}))
+            return 0, "folder input: 2,250 images/s\n", 12.0
         code = codes[len(commands)]
         commands.append(command)
         timeouts.append(timeout_s)
@@ -172,7 +179,41 @@ def test_runs_json_after_each_pair_and_what_would_overrun_is_skipped(
     assert saved["runs"][1]["images_per_second"]["template"] == 9_000.0 and saved["runs"][1]["ratio_to_plain"] is None
     log = (out / "gpu-run.log").read_text()
     assert "===== short: exit 0" in log and "===== stopped: exit None" in log
+    assert "===== folder input: exit 0" in log and len(folder_inputs) == 1 and folder_inputs[0] <= 100
+    assert saved["folder_input"]["images_per_second"] == 2_250.0 and saved["folder_input"]["status"] == "pass"
+    assert saved["folder_input"]["template_fastest_images_per_second"] == 9_000.0
+    assert saved["folder_input"]["ratio_to_template"] == pytest.approx(0.25)
     assert sorted(p.name for p in out.iterdir()) == ["gpu-run.log", "runs.json"]  # few files come back
+
+
+def test_the_folder_input_runs_before_what_runs_only_if_time_is_left(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    order: list[str] = []
+    stand_in(monkeypatch, [0, 0])
+    recorded = gpu_common.run_logged  # the stand-in
+
+    def in_order(command: list[str], log: Path, timeout_s: float) -> tuple[int | None, str, float]:
+        order.append(command[2])
+        return recorded(command, log, timeout_s)
+
+    monkeypatch.setattr(gpu_common, "run_logged", in_order)
+    modes = [Mode("always", precision="32-true"), Mode("if time is left", compile_mode="default", if_time_left=True)]
+    monkeypatch.setattr(gpu_runs, "estimates", lambda modes, steps: [10, 10])
+    records = gpu_runs.run_all(modes, tmp_path / "out", tmp_path / "work", deadline_s=1_000, command="test")
+    assert order == ["benchmarks.paired", "benchmarks.folder_input", "benchmarks.paired"] and len(records) == 2
+    assert "gpu_run: folder input: pass; images/s 2250 with 16 workers, 0.25 of the template's fastest training" in (
+        capsys.readouterr().out
+    )
+
+
+def test_the_folder_input_is_skipped_when_its_time_is_not_left(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    stand_in(monkeypatch, [0])
+    monkeypatch.setattr(gpu_runs, "estimates", lambda modes, steps: [10])
+    gpu_runs.run_all(MODES[:1], tmp_path / "out", tmp_path / "work", deadline_s=20, command="test")
+    saved = json.loads((tmp_path / "out" / "runs.json").read_text())
+    assert folder_inputs == [] and saved["folder_input"]["status"] == "skipped"
+    assert saved["folder_input"]["reason"].endswith(f"s left for an estimated {gpu_runs.FOLDER_INPUT_S} s")
 
 
 def test_a_session_that_fails_is_recorded_and_the_next_mode_runs(
@@ -222,3 +263,16 @@ def test_a_tiny_session_runs_the_three_sides_once_and_pairs_them(tmp_path: Path)
     assert record["errors"] == {} and all(ips > 0 for ips in record["images_per_second"].values())
     assert record["ratio_to_plain"] > 0 and record["ratio_to_lightning"] > 0
     assert step_profile is not None and step_profile["steps"] == 2 and record["host_syncs"] is not None
+
+
+@pytest.mark.slow
+def test_the_folder_input_times_the_folder_modules_loader(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Generated JPEGs through ``ImageFolderDataModule``'s real training loader with a worker process."""
+    out = tmp_path / "folder-input.json"
+    args = ["--workers=1", "--images=4", "--copies=3", "--epochs=2", f"--out={out}"]
+    assert folder_input.main(args) == 0
+    record = json.loads(out.read_text())
+    assert record["files"] == 12 and record["workers"] == 1 and record["batch_size"] == 1  # a tenth of 12 files
+    assert record["epoch_images"] == [12, 12] and record["images_per_second"] > 0
+    assert record["images_per_second_per_worker"] == record["images_per_second"]
+    assert capsys.readouterr().out.startswith("folder input: ")
