@@ -20,15 +20,13 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-import torch
-from lightning.pytorch.plugins.precision import Precision
 
 from benchmarks._common import whole_number_above_0
 from benchmarks.decoding import GRAIN, SHAPES, photo
+from benchmarks.input import cpu_trainer
 from project.data import ImageFolderDataModule
 
 IMAGE_SIZE = 112
@@ -62,15 +60,7 @@ def loader_rate(folder: Path, workers: int, epochs: int, batch: int = BATCH, siz
     data = ImageFolderDataModule(
         str(folder), image_size=size, batch_size=batch, num_workers=workers, val_size=0, mean=[0.5] * 3, std=[0.25] * 3
     )
-    data.trainer = SimpleNamespace(  # the few Trainer attributes the data module reads
-        world_size=1,
-        global_rank=0,
-        num_devices=1,
-        accelerator=None,
-        strategy=SimpleNamespace(root_device=torch.device("cpu")),
-        precision_plugin=Precision(),
-        training=True,
-    )
+    data.trainer = cpu_trainer()
     data.setup("fit")
     loader = data.train_dataloader()
     seconds, counts = [], []

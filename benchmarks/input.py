@@ -45,13 +45,9 @@ def path_name(workers: int | None) -> str:
     return "on_device" if workers is None else f"{workers} worker(s)"
 
 
-def loader_rate(workers: int | None) -> float:
-    """Images per second the training input delivers: ``workers`` DataLoader worker processes, or
-    (``None``) the on-device path, batches augmented in this process as a CPU run of the template does."""
-    setup = Setup(image_size=112, batch_size=LOADER_BATCH, train_batches=LOADER_BATCHES + 1, num_workers=workers)
-    data = replace(setup, on_device=workers is None).data_module()
-    # The few Trainer attributes the data module reads, as a one-process CPU run has them.
-    data.trainer = SimpleNamespace(
+def cpu_trainer() -> SimpleNamespace:
+    """The few Trainer attributes a data module reads, as a one-process CPU run has them."""
+    return SimpleNamespace(
         world_size=1,
         global_rank=0,
         num_devices=1,
@@ -60,6 +56,14 @@ def loader_rate(workers: int | None) -> float:
         precision_plugin=Precision(),
         training=True,
     )
+
+
+def loader_rate(workers: int | None) -> float:
+    """Images per second the training input delivers: ``workers`` DataLoader worker processes, or
+    (``None``) the on-device path, batches augmented in this process as a CPU run of the template does."""
+    setup = Setup(image_size=112, batch_size=LOADER_BATCH, train_batches=LOADER_BATCHES + 1, num_workers=workers)
+    data = replace(setup, on_device=workers is None).data_module()
+    data.trainer = cpu_trainer()
     data.setup("fit")
     loader = data.train_dataloader()
     loader.sampler.set_epoch(0)

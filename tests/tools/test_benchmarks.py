@@ -55,6 +55,8 @@ def without_pythonpath() -> dict[str, str]:
         "benchmarks.digits",
         "benchmarks.paired",
         "benchmarks.lightning_loop",
+        "benchmarks.folder_input",
+        "benchmarks.gpu_check_paths",
         *SCRIPTS,
     ],
 )
