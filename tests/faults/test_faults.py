@@ -24,6 +24,7 @@ from project.toolkit.callbacks import checkpoints
 from project.toolkit.callbacks.checkpoints import AtomicCheckpointIO, Checkpoints, check_checkpoint_file
 from project.toolkit.callbacks.guards import Guards
 from project.toolkit.errors import ProjectError
+from tests.conftest import quiet_trainer
 from tests.support.runs import Records
 
 
@@ -129,6 +130,38 @@ def fit_nan_run(tmp_path: Path, bad_step: int) -> Trainer:
     loader = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=4)  # 8 steps per epoch
     trainer.fit(LossTurnsNaN(bad_step), loader)
     return trainer
+
+
+class Validated(LossTurnsNaN):
+    """Logs ``val/acc`` at each validation: the metric the checkpoints monitor exists only after the first."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/acc", -self.layer(batch[0]).pow(2).mean())
+
+
+class LastSaved(Callback):
+    """The step ``last.ckpt`` holds at each training step's end (Lightning runs the checkpoint callbacks after this
+    one: the file is as the steps before left it)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.seen = folder, {}
+
+    def on_train_batch_end(self, trainer: Trainer, *args) -> None:
+        path = self.folder / "last.ckpt"
+        self.seen[trainer.global_step] = torch.load(path)["global_step"] if path.is_file() else None
+
+
+def test_step_checkpoints_start_before_the_first_validation(tmp_path: Path) -> None:
+    """--checkpoint.every_n_train_steps bounds what a crash loses in the first epoch too (a long one most of
+    all), while the monitored val/acc does not exist yet."""
+    probe = LastSaved(tmp_path)
+    checkpoint = Checkpoints(dirpath=tmp_path, monitor="val/acc", mode="max", save_last=True, every_n_train_steps=3)
+    trainer = quiet_trainer(tmp_path, max_epochs=2, callbacks=[probe, checkpoint], enable_checkpointing=True)
+    loader = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=4)  # 8 steps an epoch
+    trainer.fit(Validated(bad_step=10_000), loader, DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4))
+    assert [probe.seen[step] for step in (3, 4, 6, 7)] == [None, 3, 3, 6]  # epoch 0, before its validation
+    assert probe.seen[13] == 12 and torch.load(tmp_path / "last.ckpt")["global_step"] == 16
+    assert Path(checkpoint.best_model_path).is_file()
 
 
 def test_training_stops_at_the_first_non_finite_loss(tmp_path: Path) -> None:

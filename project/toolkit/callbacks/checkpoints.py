@@ -44,6 +44,7 @@ class Checkpoints(ModelCheckpoint):
     def __init__(self, *args: Any, atomic: bool = True, save_on_signal: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.atomic, self.save_on_signal = atomic, save_on_signal
+        self.every_steps = kwargs.get("every_n_train_steps") or 0
         self.signum: int | None = None  # the signal that asked training to stop
         self.saved_step: int | None = None  # the global step of the latest save
         self._previous: dict[int, Any] = {}  # the handlers ours replaced
@@ -99,6 +100,12 @@ class Checkpoints(ModelCheckpoint):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         super().on_train_batch_end(trainer, pl_module, *args)
+        step = trainer.global_step
+        if self.every_steps and step % self.every_steps == 0 and self.saved_step != step and self._waits(trainer):
+            # Lightning defers every_n_train_steps saves until the monitored metric exists, so a first epoch had
+            # none (https://github.com/Lightning-AI/pytorch-lightning/issues/20185): last.ckpt is saved meanwhile.
+            trainer.save_checkpoint(self.last_path, weights_only=self.save_weights_only)
+            self.last_model_path = str(self.last_path)
         signum = self.signum or 0
         if self._flag is not None:  # a CPU tensor through gloo: no wait for the device
             dist.all_reduce(self._flag.fill_(signum), op=dist.ReduceOp.MAX, group=self._group)
@@ -106,6 +113,17 @@ class Checkpoints(ModelCheckpoint):
         if signum:
             self.signum = signum
             raise SIGTERMException  # Lightning calls on_exception, which saves, on every rank at this same step
+
+    def _waits(self, trainer: Trainer) -> bool:
+        """Whether Lightning holds back this step's save for a monitored metric that no validation has given yet."""
+        return bool(
+            self.save_last
+            and self.dirpath
+            and self.monitor is not None
+            and self.monitor not in trainer.callback_metrics
+            and not trainer.fast_dev_run
+            and not trainer.sanity_checking
+        )
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self.saved_step = trainer.global_step
