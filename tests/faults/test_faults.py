@@ -216,6 +216,16 @@ class SignalAt(Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class SignalAtTestBatch(SignalAt):
+    """Sends ``signum`` at the end of test batch ``step`` (counted from 0) on global rank ``rank``."""
+
+    def on_test_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args, **kwargs) -> None:
+        batch_idx = args[2] if len(args) > 2 else kwargs["batch_idx"]
+        if batch_idx == self.step and self.rank in (None, trainer.global_rank):
+            Path(self.mark).write_text(str(time.time()))
+            os.kill(os.getpid(), self.signum)
+
+
 @pytest.fixture
 def sigint_as_in_a_terminal() -> Iterator[None]:
     """Python's own Ctrl-C handler, which a process started from a terminal has, whatever started pytest
@@ -309,6 +319,33 @@ def test_a_dead_rank_stops_the_run_is_named_and_the_run_resumes(tmp_path: Path) 
         assert noise not in resumed.stderr, noise
     final = torch.load(tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt", weights_only=False)
     assert (final["epoch"], final["global_step"]) == (1, 18)
+
+
+@pytest.mark.slow
+def test_a_dead_rank_stops_a_test_run_too(tmp_path: Path) -> None:
+    """Not only fit: under ddp a test whose rank dies ends the other in seconds with one line (before: a gloo
+    traceback where the peer's socket closed, a wait where its machine went silent)."""
+    data = ["--data.synthetic=true", "--data.synthetic_size=400", "--data.val_size=40", "--data.image_size=32"]
+    common = [*data, "--data.batch_size=20", "--data.num_workers=0", "--trainer.accelerator=cpu"]
+    common += ["--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"]
+    main(["fit", *common, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=2"])
+    kill = [f"--trainer.callbacks+={__name__}.SignalAtTestBatch", f"--trainer.callbacks.signum={int(signal.SIGKILL)}"]
+    kill += ["--trainer.callbacks.step=1", "--trainer.callbacks.rank=1", f"--trainer.callbacks.mark={tmp_path / 'k'}"]
+    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--ckpt_path=last", "--trainer.limit_test_batches=4"]
+    result = subprocess.run(
+        [sys.executable, "-m", "project", "test", *common, *ddp, *kill],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    ended = time.time()
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert ended - float((tmp_path / "k").read_text()) < 60
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: rank 1 of 2 died (killed by SIGKILL); stopping rank 0 too. Nothing to resume: run the same command again"
+    ]
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.slow

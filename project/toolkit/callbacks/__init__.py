@@ -41,7 +41,7 @@ CHECKPOINT_DEFAULTS |= {"checkpoint.filename": "epoch{epoch:03d}-val_acc{val/acc
 CHECKPOINT_DEFAULTS |= {"checkpoint.auto_insert_metric_name": False}
 # The commands a default callback has work in (one not named: every command; the checkpoint and reseed ones stay
 # in all, as Lightning warns of a checkpoint's callback missing from a run that loads it).
-WORKS_IN: dict[str, set[str]] = {"guards": {"fit"}, "precise_bn": {"fit"}, "predictions": {"predict"}}
+WORKS_IN: dict[str, set[str]] = {"precise_bn": {"fit"}, "predictions": {"predict"}}
 WORKS_IN |= {"evaluation": {"fit", "validate", "test"}, "ema": {"fit"}}
 OFF_BY_DEFAULT = {"ema"}  # switched on with --callbacks.ema=true
 

@@ -60,8 +60,8 @@ def out_of_memory_message(error: BaseException, data_config: Any = None) -> str 
 
 
 class Guards(Callback):
-    """Stops training at the first non-finite loss, and every process of the run within seconds of one dying (they
-    would wait on it in a collective). The losses are read on the host together where the loggers write
+    """Stops training at the first non-finite loss, and every process of the run (fit, validate, test or predict)
+    within seconds of one dying (they would wait on it in a collective). The losses are read on the host together where the loggers write
     (:func:`~project.toolkit.training.logging_step`), at an epoch's end and before any save: a step never waits.
 
     Args:
@@ -92,8 +92,10 @@ class Guards(Callback):
         self._lock = threading.Lock()  # one look at a time: the watcher's, or the main thread's after a failure
         self._signals: tuple[int, int] | None = None  # a pipe signals are written to, read by the watcher
         self._signalled = False
+        self._fitting = True  # validate, test and predict save nothing to resume from
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._fitting = stage == "fit"
         procs = getattr(trainer.strategy.launcher, "procs", None)  # Lightning's subprocess launcher's children
         several_machines = trainer.num_nodes > 1
         if not self.lost_rank or trainer.world_size < 2 or (procs is None and not several_machines):
@@ -175,6 +177,8 @@ class Guards(Callback):
 
     def _saved(self) -> str:
         """What the run saved so far and how to go on from it."""
+        if not self._fitting:
+            return "Nothing to resume: run the same command again"
         checkpoint = self._checkpoint
         if not isinstance(checkpoint, ModelCheckpoint) or not checkpoint.dirpath:
             return "No checkpoint is kept (checkpointing is off): run the same command again to start over"
