@@ -343,7 +343,8 @@ def test_a_dead_rank_stops_a_test_run_too(tmp_path: Path) -> None:
     assert ended - float((tmp_path / "k").read_text()) < 60
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
-        "error: rank 1 of 2 died (killed by SIGKILL); stopping rank 0 too. Nothing to resume: run the same command again"
+        "error: rank 1 of 2 died (killed by SIGKILL); stopping rank 0 too. "
+        "Nothing to resume: run the same command again"
     ]
     assert "Traceback" not in result.stderr
 

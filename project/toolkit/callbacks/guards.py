@@ -61,8 +61,9 @@ def out_of_memory_message(error: BaseException, data_config: Any = None) -> str 
 
 class Guards(Callback):
     """Stops training at the first non-finite loss, and every process of the run (fit, validate, test or predict)
-    within seconds of one dying (they would wait on it in a collective). The losses are read on the host together where the loggers write
-    (:func:`~project.toolkit.training.logging_step`), at an epoch's end and before any save: a step never waits.
+    within seconds of one dying (they would wait on it in a collective). The losses are read on the host together
+    where the loggers write (:func:`~project.toolkit.training.logging_step`), at an epoch's end and before any save:
+    a step never waits.
 
     Args:
         finite_loss: Stop at the first non-finite training loss.
