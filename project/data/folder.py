@@ -1,8 +1,9 @@
 """A folder of images as a data set: ``DIR/train/<class>/*.{jpg,jpeg,png}``, and optionally ``DIR/val/`` and
-``DIR/test/`` with the same class folders. Files are decoded (Pillow) in the DataLoader workers when a batch needs them,
-never all held in memory: each is resized (shorter side) to ``resize_size`` whole, then augmented as any data set is
-(``--data.augmentation``: by default a random crop of the zero-padded image, a horizontal flip; ``random_resized_crop``)
-and centre-cropped to ``image_size`` (evaluation: cropped only).
+``DIR/test/`` with the same class folders (or any split as ``.tar`` shards: ``project/data/shards.py``). Files are
+decoded (Pillow) in the DataLoader workers when a batch needs them, never all held in memory: each is resized
+(shorter side) to ``resize_size`` whole, then augmented as any data set is (``--data.augmentation``: by default a
+random crop of the zero-padded image, a horizontal flip; ``random_resized_crop``) and centre-cropped to
+``image_size`` (evaluation: cropped only).
 
 ``python -m project fit --data=project.data.ImageFolderDataModule --data.data_dir=DIR``
 """
@@ -19,6 +20,7 @@ from PIL import Image
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
+from project.data.shards import Member, scan_shards, shards_in
 from project.toolkit.data.datamodule import ImageArrayDataModule
 from project.toolkit.errors import DataError
 from project.toolkit.log import get_logger
@@ -56,7 +58,12 @@ class ImageFiles:
     @property
     def names(self) -> list[str]:
         """The files, relative to the data set's folder."""
-        return [str(path.relative_to(self.root)) for path in self.paths]
+        return [
+            f"{path.shard.relative_to(self.root)}:{path.name}"
+            if isinstance(path, Member)
+            else str(path.relative_to(self.root))
+            for path in self.paths
+        ]
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> ImageFiles:
         return ImageFiles([self.paths[i] for i in indices], self.size, self.channels, self.root, self.interpolation)
@@ -74,7 +81,7 @@ class ImageFiles:
         both sides at least ``size`` (less work), then resized as any file, to the shape the whole file gives."""
         mode = "L" if self.channels == 1 else "RGB"
         try:
-            with Image.open(path) as file:
+            with Image.open(path.open() if isinstance(path, Member) else path) as file:
                 width, height = file.size
                 file.draft(mode, (self.size, self.size))  # other formats than JPEG ignore it
                 pixels = np.array(file.convert(mode))
@@ -96,17 +103,20 @@ def unreadable_reason(path: Path) -> str | None:
     """Why ``path`` cannot be decoded, from its first and last bytes (a truncated file lacks its end marker); None
     if it looks whole. Other formats than JPEG and PNG are asked of Pillow, which reads their header."""
     try:
-        with open(path, "rb") as file:
-            head = file.read(8)
-            file.seek(max(0, file.seek(0, 2) - TAIL))
-            tail = file.read()
+        if isinstance(path, Member):  # an image inside a tar shard
+            head, tail = path.read(0, 8), path.read(-TAIL)
+        else:
+            with open(path, "rb") as file:
+                head = file.read(8)
+                file.seek(max(0, file.seek(0, 2) - TAIL))
+                tail = file.read()
     except OSError as err:
         return err.strerror or str(err)
     for magic, (kind, end) in MAGIC.items():
         if head.startswith(magic):
             return None if end in tail else f"a truncated {kind} file: it lacks its end marker"
     try:
-        with Image.open(path):
+        with Image.open(path.open() if isinstance(path, Member) else path):
             return None
     except (OSError, ValueError):
         return "not a readable JPEG or PNG file"
@@ -127,8 +137,12 @@ def scan_split(folder: Path, classes: list[str] | None = None) -> tuple[list[Pat
     """The image files of one split, their labels (class folders in sorted order) and the class names; refused
     in one line if the folder is missing or empty, a class has no images, or the classes differ from ``classes``."""
     if not folder.is_dir():
-        raise DataError(f"{folder} is not a folder; a split is a folder of class folders of .jpg/.jpeg/.png files")
+        raise DataError(
+            f"{folder} is not a folder; a split is a folder of class folders of .jpg/.jpeg/.png files or of .tar shards"
+        )
     class_folders = _subfolders(folder)
+    if not class_folders and shards_in(folder):
+        return scan_shards(folder, classes)
     names = [path.name for path in class_folders]
     if not names:
         raise DataError(f"{folder} has no class folders: put each class's images in {folder}/<class name>/")
