@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.decoding import GRAIN, photo
 from benchmarks.gpu_common import newest_run, newest_timing
 
 CHECK_BATCHES = 10  # training batches per epoch of a check: enough for every hook, a few seconds on any GPU
@@ -94,24 +95,17 @@ FOLDER_SPLITS = {"train": 48, "val": 16, "test": 16}  # images per class
 
 
 def write_folder(root: Path, classes: int = 2) -> Path:
-    """``root/images/{train,val,test}/<class>/*.jpg`` (once): photo-like JPEGs, quality 90, a class's stripes
-    horizontal or vertical under smooth colour and grain, so that the folder path decodes, resizes and crops
-    real files."""
+    """``root/images/{train,val,test}/<class>/*.jpg`` (once): the decoding benchmark's photo-like JPEGs, quality 90,
+    so that the folder path decodes, resizes and crops real files."""
     folder = root / FOLDER
     if folder.is_dir():
         return folder
-    from PIL import Image  # noqa: PLC0415 (only the folder paths need it)
-
     rng = np.random.default_rng(0)
     for split, count in FOLDER_SPLITS.items():
         for label in range(classes):
             (folder / split / f"class_{label}").mkdir(parents=True)
             for n in range(count):
-                width, height = FOLDER_SHAPES[n % len(FOLDER_SHAPES)]
-                axis = np.arange(height)[:, None] if label % 2 == 0 else np.arange(width)[None, :]
-                stripes = 60.0 * ((axis // 16) % 2)
-                field = rng.uniform(40, 160, 3) + stripes[..., None] + rng.normal(0, 5, (height, width, 3))
-                image = Image.fromarray(np.clip(field, 0, 255).astype(np.uint8))
+                image = photo(rng, *FOLDER_SHAPES[n % len(FOLDER_SHAPES)], GRAIN["grainy"])
                 image.save(folder / split / f"class_{label}" / f"{n:03d}.jpg", quality=90)
     return folder
 

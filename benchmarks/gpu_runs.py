@@ -219,7 +219,8 @@ def summary_line(record: dict[str, Any]) -> str:
 def loader_line(record: dict[str, Any]) -> str:
     """The folder path's images/s beside the template's fastest training speed of the call.
 
-    >>> loader_line({"images_per_second": 2400.0, "workers": 16, "template_fastest_images_per_second": 12000.0})
+    >>> fast = {"template_fastest_images_per_second": 12000.0, "ratio_to_template": 0.2}
+    >>> loader_line({"images_per_second": 2400.0, "workers": 16, **fast})
     "images/s 2400 with 16 workers, 0.20 of the template's fastest training (12000)"
     >>> loader_line({})
     'no figure'
@@ -227,9 +228,9 @@ def loader_line(record: dict[str, Any]) -> str:
     if not record.get("images_per_second"):
         return "no figure"
     line = f"images/s {record['images_per_second']:.0f} with {record['workers']} workers"
-    fastest = record.get("template_fastest_images_per_second")
-    if fastest:
-        line += f", {record['images_per_second'] / fastest:.2f} of the template's fastest training ({fastest:.0f})"
+    if record.get("ratio_to_template") is not None:
+        fastest = record["template_fastest_images_per_second"]
+        line += f", {record['ratio_to_template']:.2f} of the template's fastest training ({fastest:.0f})"
     return line
 
 

@@ -20,14 +20,12 @@ from PIL import Image
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
-from project.data.shards import Member, scan_shards, shards_in
+from project.data.shards import IMAGE_SUFFIXES, head_and_tail, image_source, relative_name, scan_shards, shards_in
 from project.toolkit.data.datamodule import ImageArrayDataModule
 from project.toolkit.errors import DataError
 from project.toolkit.log import get_logger
 
 log = get_logger(__name__)
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
 class ImageFiles:
@@ -58,12 +56,7 @@ class ImageFiles:
     @property
     def names(self) -> list[str]:
         """The files, relative to the data set's folder."""
-        return [
-            f"{path.shard.relative_to(self.root)}:{path.name}"
-            if isinstance(path, Member)
-            else str(path.relative_to(self.root))
-            for path in self.paths
-        ]
+        return [relative_name(path, self.root) for path in self.paths]
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> ImageFiles:
         return ImageFiles([self.paths[i] for i in indices], self.size, self.channels, self.root, self.interpolation)
@@ -81,7 +74,7 @@ class ImageFiles:
         both sides at least ``size`` (less work), then resized as any file, to the shape the whole file gives."""
         mode = "L" if self.channels == 1 else "RGB"
         try:
-            with Image.open(path.open() if isinstance(path, Member) else path) as file:
+            with Image.open(image_source(path)) as file:
                 width, height = file.size
                 file.draft(mode, (self.size, self.size))  # other formats than JPEG ignore it
                 pixels = np.array(file.convert(mode))
@@ -103,20 +96,14 @@ def unreadable_reason(path: Path) -> str | None:
     """Why ``path`` cannot be decoded, from its first and last bytes (a truncated file lacks its end marker); None
     if it looks whole. Other formats than JPEG and PNG are asked of Pillow, which reads their header."""
     try:
-        if isinstance(path, Member):  # an image inside a tar shard
-            head, tail = path.read(0, 8), path.read(-TAIL)
-        else:
-            with open(path, "rb") as file:
-                head = file.read(8)
-                file.seek(max(0, file.seek(0, 2) - TAIL))
-                tail = file.read()
+        head, tail = head_and_tail(path, TAIL)
     except OSError as err:
         return err.strerror or str(err)
     for magic, (kind, end) in MAGIC.items():
         if head.startswith(magic):
             return None if end in tail else f"a truncated {kind} file: it lacks its end marker"
     try:
-        with Image.open(path.open() if isinstance(path, Member) else path):
+        with Image.open(image_source(path)):
             return None
     except (OSError, ValueError):
         return "not a readable JPEG or PNG file"

@@ -24,7 +24,7 @@ import numpy as np
 
 from project.toolkit.errors import DataError
 
-SUFFIXES = (".jpg", ".jpeg", ".png")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
 class Member(NamedTuple):
@@ -50,6 +50,26 @@ class Member(NamedTuple):
         return BytesIO(self.read())
 
 
+def image_source(item: Path | Member) -> Path | BytesIO:
+    """What ``PIL.Image.open`` reads an image from: a file's path, or a shard member's bytes."""
+    return item.open() if isinstance(item, Member) else item
+
+
+def head_and_tail(item: Path | Member, tail: int) -> tuple[bytes, bytes]:
+    """An image's first 8 bytes and its last ``tail`` (a file's, or a shard member's)."""
+    if isinstance(item, Member):
+        return item.read(0, 8), item.read(-tail)
+    with open(item, "rb") as file:
+        head = file.read(8)
+        file.seek(max(0, file.seek(0, 2) - tail))
+        return head, file.read()
+
+
+def relative_name(item: Path | Member, root: Path) -> str:
+    """An image's name under ``root``: a file's path, or ``shard:member``."""
+    return f"{item.shard.relative_to(root)}:{item.name}" if isinstance(item, Member) else str(item.relative_to(root))
+
+
 def shards_in(folder: Path) -> list[Path]:
     """The ``*.tar`` files of a split's folder, in name order."""
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix == ".tar" and not p.name.startswith("."))
@@ -72,7 +92,7 @@ def _index(shard: Path) -> tuple[list[Member], dict[str, int]]:
                     continue
                 name = info.name.removeprefix("./")
                 key, suffix = _key_and_suffix(name)
-                if suffix in SUFFIXES:
+                if suffix in IMAGE_SUFFIXES:
                     images.append(Member(shard, info.offset_data, info.size, name))
                 elif suffix == ".cls":
                     text = tar.extractfile(info).read().strip()  # type: ignore[union-attr]
@@ -94,7 +114,7 @@ def scan_shards(folder: Path, classes: list[str] | None = None) -> tuple[list[Me
         images += found
         numbers |= cls
     if not images:
-        raise DataError(f"{folder}'s .tar shards hold no images ({', '.join(SUFFIXES)})")
+        raise DataError(f"{folder}'s .tar shards hold no images ({', '.join(IMAGE_SUFFIXES)})")
     keys = [_key_and_suffix(m.name)[0] for m in images]
     if numbers:
         missing = [m for m, key in zip(images, keys, strict=True) if key not in numbers]

@@ -210,7 +210,11 @@ class SignalAt(Callback):
         self.signum, self.step, self.rank, self.mark = signum, step, rank, mark
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
+        if trainer.global_step == self.step:
+            self.send(trainer)
+
+    def send(self, trainer: Trainer) -> None:
+        if self.rank in (None, trainer.global_rank):
             if self.mark:  # when it happened, for the test to time what follows
                 Path(self.mark).write_text(str(time.time()))
             os.kill(os.getpid(), self.signum)
@@ -219,11 +223,9 @@ class SignalAt(Callback):
 class SignalAtTestBatch(SignalAt):
     """Sends ``signum`` at the end of test batch ``step`` (counted from 0) on global rank ``rank``."""
 
-    def on_test_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args, **kwargs) -> None:
-        batch_idx = args[2] if len(args) > 2 else kwargs["batch_idx"]
-        if batch_idx == self.step and self.rank in (None, trainer.global_rank):
-            Path(self.mark).write_text(str(time.time()))
-            os.kill(os.getpid(), self.signum)
+    def on_test_batch_end(self, trainer: Trainer, pl_module, outputs, batch, batch_idx: int, *loader) -> None:
+        if batch_idx == self.step:
+            self.send(trainer)
 
 
 @pytest.fixture
