@@ -100,8 +100,7 @@ class Checkpoints(ModelCheckpoint):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         super().on_train_batch_end(trainer, pl_module, *args)
-        step = trainer.global_step
-        if self.every_steps and step % self.every_steps == 0 and self.saved_step != step and self._waits(trainer):
+        if self.every_steps and self._waits(trainer):
             # Lightning defers every_n_train_steps saves until the monitored metric exists, so a first epoch had
             # none (https://github.com/Lightning-AI/pytorch-lightning/issues/20185): last.ckpt is saved meanwhile.
             trainer.save_checkpoint(self.last_path, weights_only=self.save_weights_only)
@@ -116,8 +115,11 @@ class Checkpoints(ModelCheckpoint):
 
     def _waits(self, trainer: Trainer) -> bool:
         """Whether Lightning holds back this step's save for a monitored metric that no validation has given yet."""
+        step = trainer.global_step
         return bool(
-            self.save_last
+            step % self.every_steps == 0
+            and self.saved_step != step
+            and self.save_last
             and self.dirpath
             and self.monitor is not None
             and self.monitor not in trainer.callback_metrics
